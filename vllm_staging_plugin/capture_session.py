@@ -1,0 +1,189 @@
+"""Around one ``ModelCudaGraphManager.capture`` call: apply the order policy, measure, write a receipt.
+
+The order policy applies to the real capture only. vLLM's profiling pass captures just the first two
+FULL descriptors and extrapolates from them assuming they are the largest, so it keeps vLLM's order.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import torch
+
+from . import __version__
+from .policies import reordered
+from .receipts import SCHEMA, write_receipt
+from .settings import DEFAULT_ORDER, Settings
+from .sizing import capture_sequence, staging_capacity
+
+logger = logging.getLogger("vllm.staging_plugin")
+
+
+@contextmanager
+def capture_session(manager: Any, settings: Settings, profiling: bool) -> Iterator[None]:
+    stock_descs = manager._capture_descs
+    if settings.order != DEFAULT_ORDER and not profiling:
+        manager._capture_descs = reordered(settings, stock_descs)
+    receipt = _environment(manager, settings, profiling) if settings.receipts_dir else None
+    free_before = _free_memory()
+    started = time.perf_counter()
+    try:
+        yield
+    except BaseException as exc:
+        if receipt is not None:
+            receipt.update(ok=False, error=f"{type(exc).__name__}: {exc}")
+        raise
+    finally:
+        seconds = time.perf_counter() - started
+        captured = manager._capture_descs
+        manager._capture_descs = stock_descs
+        if receipt is not None and settings.receipts_dir is not None:
+            _finish(receipt, manager, captured, seconds, free_before, profiling)
+            try:
+                write_receipt(settings.receipts_dir, receipt)
+            except OSError as exc:  # a receipt must never take the engine down
+                logger.warning("vllm-staging-plugin: could not write receipt: %s", exc)
+
+
+def _free_memory() -> int | None:
+    if not torch.cuda.is_available():
+        return None
+    torch.cuda.synchronize()
+    return int(torch.cuda.mem_get_info()[0])
+
+
+def _environment(manager: Any, settings: Settings, profiling: bool) -> dict[str, Any]:
+    config = manager.vllm_config
+    model = getattr(config, "model_config", None)
+    try:
+        hidden_size: int | None = int(model.get_hidden_size()) if model is not None else None
+    except Exception:
+        hidden_size = None
+    architectures = getattr(model, "architectures", None) or [None]
+    from .compat import installed_versions
+
+    versions = installed_versions()
+    return {
+        "schema": SCHEMA,
+        "kind": "profiling" if profiling else "capture",
+        "ok": True,
+        "error": None,
+        "plugin_version": __version__,
+        "vllm_version": versions["vllm"],
+        "torch_version": torch.__version__,
+        "cuda_version": torch.version.cuda,
+        "gpu_name": torch.cuda.get_device_name(manager.device) if torch.cuda.is_available() else None,
+        "driver_version": _driver_version(),
+        "architecture": architectures[0],
+        "hidden_size": hidden_size,
+        "cudagraph_mode": str(getattr(manager.cudagraph_mode, "name", manager.cudagraph_mode)),
+        "capture_sizes": list(config.compilation_config.cudagraph_capture_sizes or []),
+        "policy": DEFAULT_ORDER if profiling else settings.order,
+        "requested_policy": settings.order,
+        "rank": _rank(),
+        "is_last_pp_rank": bool(getattr(manager, "is_last_pp_rank", True)),
+        "pid": os.getpid(),
+    }
+
+
+def _finish(
+    receipt: dict[str, Any],
+    manager: Any,
+    captured: dict[Any, list[Any]],
+    seconds: float,
+    free_before: int | None,
+    profiling: bool,
+) -> None:
+    sequence = capture_sequence(captured)
+    limit = getattr(manager, "_max_full_descs_to_capture", None)
+    if profiling and limit is not None and "FULL" in sequence:
+        sequence["FULL"] = sequence["FULL"][:limit]
+    free_after = _free_memory()
+    graph_memory = free_before - free_after if free_before is not None and free_after else None
+    reserved, active = _pool_bytes(getattr(manager, "pool", None))
+    receipt.update(
+        captured_sequence=sequence,
+        capacity=staging_capacity(captured),
+        staging_bytes=staging_buffer_bytes(manager),
+        capture_seconds=round(seconds, 4),
+        graph_memory_bytes=graph_memory,
+        graph_pool_reserved_bytes=reserved,
+        graph_pool_active_bytes=active,
+        profiling_estimate_bytes=_profiling_estimate(manager, graph_memory) if profiling else None,
+        created_unix=time.time(),
+    )
+
+
+def staging_buffer_bytes(manager: Any) -> dict[str, dict[str, Any]]:
+    """Rows and bytes of each allocated staging buffer, by name."""
+    state = vars(manager)
+    tensors: dict[str, torch.Tensor] = {}
+    if isinstance(state.get("hidden_states"), torch.Tensor):
+        tensors["hidden_states"] = state["hidden_states"]
+    for i, aux in enumerate(state.get("aux_hidden_states") or []):
+        tensors[f"aux_hidden_states[{i}]"] = aux
+    inter = getattr(state.get("intermediate_tensors"), "tensors", None) or {}
+    for key, tensor in inter.items():
+        tensors[f"intermediate_tensors[{key}]"] = tensor
+    return {
+        name: {
+            "rows": int(t.shape[0]),
+            "shape": list(t.shape),
+            "dtype": str(t.dtype).removeprefix("torch."),
+            "bytes": int(t.numel() * t.element_size()),
+        }
+        for name, t in tensors.items()
+    }
+
+
+def _pool_bytes(pool: Any) -> tuple[int | None, int | None]:
+    """Bytes the graph pool's segments reserve and the bytes its live blocks use (fragmentation)."""
+    if pool is None or not torch.cuda.is_available():
+        return None, None
+    try:
+        segments = [s for s in torch.cuda.memory_snapshot() if tuple(s.get("segment_pool_id", ())) == tuple(pool)]
+    except Exception:
+        return None, None
+    return sum(int(s["total_size"]) for s in segments), sum(int(s["active_size"]) for s in segments)
+
+
+def _profiling_estimate(manager: Any, measured: int | None) -> int | None:
+    """vLLM's estimate, recomputed from this capture's window: measured - samples + extrapolation."""
+    samples = getattr(manager, "_capture_mem_samples", None)
+    if measured is None or samples is None:
+        return None
+    try:
+        from vllm.v1.worker.gpu.cudagraph_utils import _extrapolate_full_graph_memory
+
+        full = [k for k in manager._capture_descs if getattr(k, "name", "") == "FULL"]
+        n_full = len(manager._capture_descs[full[0]]) if full else 0
+        return max(measured - sum(samples) + _extrapolate_full_graph_memory(samples, n_full), 0)
+    except Exception:
+        return None
+
+
+def _rank() -> int:
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        return int(torch.distributed.get_rank())
+    return int(os.environ.get("RANK", "0"))
+
+
+def _driver_version() -> str | None:
+    if not torch.cuda.is_available():
+        return None
+    try:
+        from vllm.third_party import pynvml
+
+        pynvml.nvmlInit()
+        try:
+            version = pynvml.nvmlSystemGetDriverVersion()
+        finally:
+            pynvml.nvmlShutdown()
+        return version.decode() if isinstance(version, bytes) else str(version)
+    except Exception:
+        return None

@@ -1,0 +1,106 @@
+"""What the patch relies on in vLLM, detected from structure rather than version strings.
+
+One place for the supported set and the reason for each boundary (see docs/compatibility.md):
+
+* 0.14.0-0.17.x: no ``ModelCudaGraphManager`` (MRv2 used ``CudaGraphManager`` with other arguments
+  and allocated inside ``capture_graph``): refused, the class is missing.
+* 0.18.0+: ``ModelCudaGraphManager(vllm_config, device, cudagraph_mode, decode_query_len, ...)``
+  with ``_capture_descs`` and lazily allocated ``hidden_states`` / ``aux_hidden_states``
+  (``intermediate_tensors`` from 0.19.0): supported.
+* Later releases are accepted while the structure below holds; a rename leaves vLLM untouched.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Mapping
+from types import ModuleType
+from typing import Any
+
+CUDAGRAPH_MODULE = "vllm.v1.worker.gpu.cudagraph_utils"
+MANAGER_CLASS = "ModelCudaGraphManager"
+# Stable since 0.18.0; trailing parameters (lora_capture_cases, varlen_decode, ubatch_runner) are
+# passed straight through, so releases that append parameters stay supported.
+INIT_PREFIX = ("vllm_config", "device", "cudagraph_mode", "decode_query_len")
+# Attribute -> value ModelCudaGraphManager.__init__ leaves before the first capture output.
+STAGING_INITIAL: dict[str, Any] = {
+    "hidden_states": None,
+    "aux_hidden_states": [],
+    "intermediate_tensors": None,  # absent before 0.19.0: optional
+}
+OPTIONAL_STAGING = frozenset({"intermediate_tensors"})
+SUPPORTED_RANGE = ">=0.18.0,<0.33.1"  # keep in sync with pyproject's [vllm] extra
+# Platforms whose graph manager is vLLM's own class; out-of-tree platforms (vllm-ascend's
+# ModelAclGraphManager subclass, ...) manage their graphs differently. CPU and "unspecified" capture
+# no graphs in production; they are allowed so the real class can be driven in tests and the CLI.
+SUPPORTED_PLATFORMS = ("cuda", "rocm", "cpu", "unspecified")
+
+
+class IncompatibleVllm(RuntimeError):
+    """The installed vLLM lacks the structure the patch relies on."""
+
+
+def manager_class(module: ModuleType) -> type:
+    """Return ``ModelCudaGraphManager`` after checking the class-level structure."""
+    cls = getattr(module, MANAGER_CLASS, None)
+    if not isinstance(cls, type):
+        raise IncompatibleVllm(f"{module.__name__}.{MANAGER_CLASS} is missing (vLLM < 0.18.0?)")
+    for name in ("__init__", "capture"):
+        if not callable(cls.__dict__.get(name)):
+            raise IncompatibleVllm(f"{MANAGER_CLASS}.{name} is not defined on the class")
+    params = list(inspect.signature(cls.__dict__["__init__"]).parameters)[1:]
+    if tuple(params[: len(INIT_PREFIX)]) != INIT_PREFIX:
+        raise IncompatibleVllm(
+            f"{MANAGER_CLASS}.__init__ takes ({', '.join(params)}), expected it to start with "
+            f"({', '.join(INIT_PREFIX)})"
+        )
+    return cls
+
+
+def check_manager(manager: Any) -> None:
+    """Check a freshly built manager: descriptors present, staging attributes still empty."""
+    descs = getattr(manager, "_capture_descs", None)
+    if not isinstance(descs, Mapping):
+        raise IncompatibleVllm(f"{MANAGER_CLASS}._capture_descs is missing or not a dict")
+    for mode, items in descs.items():
+        if not all(isinstance(getattr(d, "num_tokens", None), int) for d in items):
+            raise IncompatibleVllm(f"capture descriptors for {mode} have no integer num_tokens")
+    state = vars(manager)
+    for name, initial in STAGING_INITIAL.items():
+        if name not in state:
+            if name in OPTIONAL_STAGING:
+                continue
+            raise IncompatibleVllm(f"{MANAGER_CLASS}.{name} is not set by __init__")
+        if state[name] != initial or type(state[name]) is not type(initial):
+            raise IncompatibleVllm(
+                f"{MANAGER_CLASS}.{name} starts as {state[name]!r}, expected {initial!r}"
+            )
+
+
+def platform_name() -> str:
+    from vllm.platforms import current_platform
+
+    enum = getattr(current_platform, "_enum", None)
+    return str(getattr(enum, "name", type(current_platform).__name__)).lower()
+
+
+def check_platform() -> None:
+    name = platform_name()
+    if name not in SUPPORTED_PLATFORMS:
+        raise IncompatibleVllm(
+            f"platform '{name}' is not one of {', '.join(SUPPORTED_PLATFORMS)}; out-of-tree "
+            "platforms subclass the manager with their own graph handling"
+        )
+
+
+def installed_versions() -> dict[str, str | None]:
+    """Versions of vLLM and torch as pip sees them (no import)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    found: dict[str, str | None] = {}
+    for dist in ("vllm", "torch"):
+        try:
+            found[dist] = version(dist)
+        except PackageNotFoundError:
+            found[dist] = None
+    return found

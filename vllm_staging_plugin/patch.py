@@ -1,0 +1,251 @@
+"""The patch: wrap ``ModelCudaGraphManager`` so its lazily allocated staging buffers get capacity rows.
+
+How (why each piece sits where it sits, see docs/design.md):
+
+* ``__init__`` wrapper: after vLLM's own ``__init__``, checks the structure and records the capacity,
+  the largest ``num_tokens`` over every capture descriptor. It allocates nothing: vLLM's profiling
+  pass measures graph memory inside ``capture_model``, so the buffers must be born there, as stock.
+* Data descriptors on the class for ``hidden_states``, ``aux_hidden_states`` and
+  ``intermediate_tensors`` intercept vLLM's own lazy allocation (``torch.empty_like`` of the first
+  output) and, only if that output has fewer rows than the capacity, store a capacity-row tensor of the
+  same dtype, device and trailing shape instead. Under vLLM's descending order the first output already
+  has capacity rows and the stock tensor is kept: not one byte changes.
+* ``capture`` wrapper: re-reads the descriptors (one added after ``__init__`` still fits: buffers grow
+  while no FULL graph has recorded their address), applies the order policy to the real capture only
+  and writes the receipt.
+
+Idempotent through a sentinel on the class that holds the originals; :func:`unpatch` restores them.
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+import logging
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import torch
+
+from . import compat
+from .settings import Settings, read_settings, strict_requested
+from .sizing import staging_capacity
+
+logger = logging.getLogger("vllm.staging_plugin")
+
+ORIGINALS_ATTR = "_vllm_staging_plugin_originals"  # sentinel on the patched class
+CAPACITY_ATTR = "_vllm_staging_capacity"  # per manager: rows, present only while active
+SETTINGS_ATTR = "_vllm_staging_settings"
+STAGING_ATTRS = tuple(compat.STAGING_INITIAL)
+
+_state = {"warned": False, "announced": False}
+
+
+class StagingError(RuntimeError):
+    """The plugin cannot keep the staging buffers correct and says why (never a silent cast)."""
+
+
+def refuse(reason: str, strict: bool | None = None) -> None:
+    """Leave vLLM stock with exactly one warning per process, or raise in strict mode."""
+    if strict_requested() if strict is None else strict:
+        raise compat.IncompatibleVllm(f"vllm-staging-plugin (strict mode): {reason}")
+    if not _state["warned"]:
+        _state["warned"] = True
+        logger.warning(
+            "vllm-staging-plugin is inactive, vLLM runs unpatched (stock lazy staging, capture order "
+            "must stay descending): %s. Set VLLM_STAGING_PLUGIN_STRICT=1 to fail instead.",
+            reason,
+        )
+
+
+def is_patched(cls: type) -> bool:
+    return ORIGINALS_ATTR in cls.__dict__
+
+
+def patch(cls: type) -> bool:
+    """Install the wrappers on ``cls``; returns False if it was already patched."""
+    if is_patched(cls):
+        return False
+    originals = {name: cls.__dict__[name] for name in ("__init__", "capture")}
+    cls.__init__ = _wrap_init(originals["__init__"])  # type: ignore[misc]
+    cls.capture = _wrap_capture(originals["capture"])  # type: ignore[attr-defined]
+    for name in STAGING_ATTRS:
+        setattr(cls, name, _StagingSlot(name))
+    setattr(cls, ORIGINALS_ATTR, originals)
+    logger.debug("patched %s.%s (__init__, capture, staging slots)", cls.__module__, cls.__name__)
+    return True
+
+
+def unpatch(cls: type) -> bool:
+    """Restore ``cls`` exactly; returns False if it was not patched. Built managers keep working."""
+    originals = cls.__dict__.get(ORIGINALS_ATTR)
+    if originals is None:
+        return False
+    for name, original in originals.items():
+        setattr(cls, name, original)
+    for name in STAGING_ATTRS:
+        if isinstance(cls.__dict__.get(name), _StagingSlot):
+            delattr(cls, name)
+    delattr(cls, ORIGINALS_ATTR)
+    return True
+
+
+def _patched_owner(manager: Any) -> type | None:
+    return next((c for c in type(manager).__mro__ if ORIGINALS_ATTR in c.__dict__), None)
+
+
+def _deactivate(manager: Any, reason: str, strict: bool) -> None:
+    """Refuse for this and every later manager: the class goes back to stock."""
+    manager.__dict__.pop(CAPACITY_ATTR, None)
+    owner = _patched_owner(manager)
+    if owner is not None:
+        unpatch(owner)
+    refuse(reason, strict)
+
+
+def _wrap_init(original: Callable[..., None]) -> Callable[..., None]:
+    @functools.wraps(original)
+    def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
+        settings = read_settings()  # bad configuration fails here, before anything is built
+        from .policies import validate_order
+
+        validate_order(settings)
+        original(self, *args, **kwargs)
+        if settings.disabled:
+            return
+        try:
+            compat.check_manager(self)
+            capacity = staging_capacity(self._capture_descs)
+        except Exception as exc:  # renamed internals, odd descriptors: stay stock
+            _deactivate(self, f"{type(exc).__name__}: {exc}", settings.strict)
+            return
+        self.__dict__[SETTINGS_ATTR] = settings
+        self.__dict__[CAPACITY_ATTR] = capacity
+        _announce(self, capacity, settings)
+
+    return __init__
+
+
+def _announce(manager: Any, capacity: int, settings: Settings) -> None:
+    level = logging.DEBUG if _state["announced"] else logging.INFO
+    _state["announced"] = True
+    logger.log(
+        level,
+        "vllm-staging-plugin: %s staging buffers (%s) sized to %d rows, the largest of %d capture "
+        "descriptors; capture order: %s",
+        type(manager).__name__,
+        ", ".join(STAGING_ATTRS),
+        capacity,
+        sum(len(d) for d in manager._capture_descs.values()),
+        settings.order,
+    )
+
+
+def _wrap_capture(original: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(original)
+    def capture(self: Any, *args: Any, **kwargs: Any) -> Any:
+        if CAPACITY_ATTR not in self.__dict__:
+            return original(self, *args, **kwargs)
+        settings: Settings = self.__dict__[SETTINGS_ATTR]
+        ensure_capacity(self)
+        profiling = getattr(self, "_max_full_descs_to_capture", None) is not None
+        from .capture_session import capture_session
+
+        with capture_session(self, settings, profiling):
+            return original(self, *args, **kwargs)
+
+    return capture
+
+
+def held_rows(manager: Any) -> int | None:
+    """Rows of the allocated staging buffers (None before the first capture output)."""
+    state = vars(manager)
+    hidden = state.get("hidden_states")
+    if isinstance(hidden, torch.Tensor):
+        return int(hidden.shape[0])
+    inter = state.get("intermediate_tensors")
+    tensors = getattr(inter, "tensors", None) or {}
+    return min((int(t.shape[0]) for t in tensors.values()), default=None)
+
+
+def ensure_capacity(manager: Any) -> None:
+    """Re-read the descriptors; grow buffers that are too small while that is still safe."""
+    capacity = staging_capacity(manager._capture_descs)
+    manager.__dict__[CAPACITY_ATTR] = capacity
+    rows = held_rows(manager)
+    if rows is None or rows >= capacity:
+        return
+    if getattr(manager, "graphs", None):
+        raise StagingError(
+            f"a capture descriptor of {capacity} tokens was added after CUDA graphs recorded the "
+            f"address of the {rows}-row staging buffers; replacing them would corrupt those graphs. "
+            "Register all descriptors before the first capture (vLLM rebuilds the manager when it "
+            "re-initialises the KV cache)."
+        )
+    for name, initial in compat.STAGING_INITIAL.items():
+        if name in manager.__dict__:
+            manager.__dict__[name] = copy.copy(initial)  # re-allocated lazily at the new capacity
+
+
+def presized(value: Any, capacity: int) -> Any:
+    """``value`` with every staging tensor grown to ``capacity`` rows (same dtype/device/trailing)."""
+    if isinstance(value, torch.Tensor):
+        if value.dim() == 0 or value.shape[0] >= capacity:
+            return value
+        return value.new_empty((capacity, *value.shape[1:]))
+    if isinstance(value, list):
+        return [presized(v, capacity) for v in value]
+    tensors = getattr(value, "tensors", None)
+    if isinstance(tensors, dict):  # IntermediateTensors (non-last pipeline rank)
+        grown = copy.copy(value)
+        grown.tensors = {k: presized(v, capacity) for k, v in tensors.items()}
+        return grown
+    return value
+
+
+def _is_empty(value: Any) -> bool:
+    return value is None or (isinstance(value, list) and not value)
+
+
+class _StagingSlot:
+    """Data descriptor for one staging attribute; the value lives in the instance ``__dict__``."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def __get__(self, obj: Any, objtype: type | None = None) -> Any:
+        if obj is None:
+            return self
+        try:
+            return obj.__dict__[self.name]
+        except KeyError:
+            raise AttributeError(self.name) from None
+
+    def __set__(self, obj: Any, value: Any) -> None:
+        capacity = obj.__dict__.get(CAPACITY_ATTR)
+        if capacity and _is_empty(obj.__dict__.get(self.name)) and not _is_empty(value):
+            value = self._allocate(obj, value, capacity)
+        obj.__dict__[self.name] = value
+
+    def _allocate(self, obj: Any, value: Any, capacity: int) -> Any:
+        try:
+            return presized(value, capacity)
+        except Exception as exc:
+            settings: Settings = obj.__dict__[SETTINGS_ATTR]
+            reason = f"allocating {self.name} with {capacity} rows failed: {exc}"
+            if settings.strict:
+                raise StagingError(reason) from exc
+            _deactivate(obj, reason, strict=False)
+            return value
+
+
+@contextmanager
+def patched(cls: type) -> Iterator[type]:
+    """Patch ``cls`` for the duration of a block (tests, the CLI's side-by-side replay)."""
+    newly = patch(cls)
+    try:
+        yield cls
+    finally:
+        if newly:
+            unpatch(cls)

@@ -1,0 +1,75 @@
+"""Environment configuration, parsed in one place so every error names its variable and values.
+
+Read per manager construction (cheap) rather than cached at import, so a process that changes its
+environment before building the engine is honoured. Never imports vLLM or torch.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+ENV_DISABLE = "VLLM_STAGING_PLUGIN_DISABLE"
+ENV_STRICT = "VLLM_STAGING_PLUGIN_STRICT"
+ENV_ORDER = "VLLM_STAGING_ORDER"
+ENV_RECEIPTS_DIR = "VLLM_STAGING_RECEIPTS_DIR"
+
+_TRUE = ("1", "true", "yes", "on")
+_FALSE = ("", "0", "false", "no", "off")
+DEFAULT_ORDER = "descending"
+
+
+class ConfigError(ValueError):
+    """A configuration variable holds a value the plugin cannot honour."""
+
+
+@dataclass(frozen=True)
+class Settings:
+    disabled: bool = False
+    strict: bool = False
+    order: str = DEFAULT_ORDER
+    """Order policy spec, ``NAME`` or ``NAME:ARGUMENT`` (validated by :mod:`.policies`)."""
+    receipts_dir: Path | None = None
+
+    @property
+    def order_name(self) -> str:
+        return self.order.partition(":")[0]
+
+    @property
+    def order_argument(self) -> str | None:
+        name, sep, argument = self.order.partition(":")
+        return argument if sep else None
+
+
+def parse_bool(name: str, environ: Mapping[str, str]) -> bool:
+    raw = environ.get(name, "")
+    value = raw.strip().lower()
+    if value in _TRUE:
+        return True
+    if value in _FALSE:
+        return False
+    allowed = ", ".join(v for v in (*_FALSE[1:], *_TRUE))
+    raise ConfigError(f"{name}={raw!r} is not a boolean; allowed values: {allowed} (or unset)")
+
+
+def read_settings(environ: Mapping[str, str] | None = None) -> Settings:
+    """Parse the plugin's variables; raises :class:`ConfigError` on the first bad value."""
+    env = os.environ if environ is None else environ
+    order = env.get(ENV_ORDER, "").strip() or DEFAULT_ORDER
+    receipts = env.get(ENV_RECEIPTS_DIR, "").strip()
+    return Settings(
+        disabled=parse_bool(ENV_DISABLE, env),
+        strict=parse_bool(ENV_STRICT, env),
+        order=order,
+        receipts_dir=Path(receipts) if receipts else None,
+    )
+
+
+def strict_requested(environ: Mapping[str, str] | None = None) -> bool:
+    """Strict flag for error paths: a malformed value counts as strict (fail loudly, not silently)."""
+    try:
+        return parse_bool(ENV_STRICT, os.environ if environ is None else environ)
+    except ConfigError:
+        return True

@@ -1,0 +1,37 @@
+"""The sizing rule: pure functions over capture descriptors, no vLLM import.
+
+A descriptor's ``num_tokens`` is the padded batch it writes into the staging buffers, so the buffers
+need as many rows as the largest descriptor of any mode (PIECEWISE, FULL, LoRA cases, DBO twins).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any, Protocol
+
+
+class Descriptor(Protocol):
+    @property
+    def num_tokens(self) -> int: ...
+
+
+def staging_capacity(capture_descs: Mapping[Any, Iterable[Descriptor]]) -> int:
+    """Rows the staging buffers need: the largest ``num_tokens``; 0 when nothing is captured."""
+    return max((int(d.num_tokens) for descs in capture_descs.values() for d in descs), default=0)
+
+
+def capture_sequence(capture_descs: Mapping[Any, Sequence[Descriptor]]) -> dict[str, list[int]]:
+    """``num_tokens`` per mode in list order, keyed by mode name (receipts, CLI plan)."""
+    return {_mode_name(mode): [int(d.num_tokens) for d in descs] for mode, descs in capture_descs.items()}
+
+
+def staging_bytes(rows: int, trailing_shape: Sequence[int], element_size: int) -> int:
+    """Bytes of one buffer of ``rows`` rows: rows x prod(trailing dims) x element size."""
+    size = rows * element_size
+    for dim in trailing_shape:
+        size *= int(dim)
+    return size
+
+
+def _mode_name(mode: Any) -> str:
+    return str(getattr(mode, "name", mode))
