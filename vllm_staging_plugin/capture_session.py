@@ -85,6 +85,7 @@ def _environment(manager: Any, settings: Settings, profiling: bool) -> dict[str,
         "capture_sizes": list(config.compilation_config.cudagraph_capture_sizes or []),
         "policy": DEFAULT_ORDER if profiling else settings.order,
         "requested_policy": settings.order,
+        "presize": settings.presize,
         "rank": _rank(),
         "is_last_pp_rank": bool(getattr(manager, "is_last_pp_rank", True)),
         "pid": os.getpid(),
@@ -121,15 +122,6 @@ def _finish(
 
 def staging_buffer_bytes(manager: Any) -> dict[str, dict[str, Any]]:
     """Rows and bytes of each allocated staging buffer, by name."""
-    state = vars(manager)
-    tensors: dict[str, torch.Tensor] = {}
-    if isinstance(state.get("hidden_states"), torch.Tensor):
-        tensors["hidden_states"] = state["hidden_states"]
-    for i, aux in enumerate(state.get("aux_hidden_states") or []):
-        tensors[f"aux_hidden_states[{i}]"] = aux
-    inter = getattr(state.get("intermediate_tensors"), "tensors", None) or {}
-    for key, tensor in inter.items():
-        tensors[f"intermediate_tensors[{key}]"] = tensor
     return {
         name: {
             "rows": int(t.shape[0]),
@@ -137,8 +129,21 @@ def staging_buffer_bytes(manager: Any) -> dict[str, dict[str, Any]]:
             "dtype": str(t.dtype).removeprefix("torch."),
             "bytes": int(t.numel() * t.element_size()),
         }
-        for name, t in tensors.items()
+        for name, t in staging_tensors(manager).items()
     }
+
+
+def staging_tensors(manager: Any) -> dict[str, torch.Tensor]:
+    """The allocated staging tensors by display name (aux and intermediate ones indexed)."""
+    state = vars(manager)
+    found: dict[str, torch.Tensor] = {}
+    if isinstance(state.get("hidden_states"), torch.Tensor):
+        found["hidden_states"] = state["hidden_states"]
+    for i, aux in enumerate(state.get("aux_hidden_states") or []):
+        found[f"aux_hidden_states[{i}]"] = aux
+    for key, tensor in (getattr(state.get("intermediate_tensors"), "tensors", None) or {}).items():
+        found[f"intermediate_tensors[{key}]"] = tensor
+    return found
 
 
 def _pool_bytes(pool: Any) -> tuple[int | None, int | None]:
@@ -146,7 +151,9 @@ def _pool_bytes(pool: Any) -> tuple[int | None, int | None]:
     if pool is None or not torch.cuda.is_available():
         return None, None
     try:
-        segments = [s for s in torch.cuda.memory_snapshot() if tuple(s.get("segment_pool_id", ())) == tuple(pool)]
+        segments = [
+            s for s in torch.cuda.memory_snapshot() if tuple(s.get("segment_pool_id", ())) == tuple(pool)
+        ]
     except Exception:
         return None, None
     return sum(int(s["total_size"]) for s in segments), sum(int(s["active_size"]) for s in segments)
@@ -162,7 +169,8 @@ def _profiling_estimate(manager: Any, measured: int | None) -> int | None:
 
         full = [k for k in manager._capture_descs if getattr(k, "name", "") == "FULL"]
         n_full = len(manager._capture_descs[full[0]]) if full else 0
-        return max(measured - sum(samples) + _extrapolate_full_graph_memory(samples, n_full), 0)
+        estimate = int(measured - sum(samples) + _extrapolate_full_graph_memory(samples, n_full))
+        return max(estimate, 0)
     except Exception:
         return None
 

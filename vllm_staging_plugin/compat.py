@@ -72,9 +72,7 @@ def check_manager(manager: Any) -> None:
                 continue
             raise IncompatibleVllm(f"{MANAGER_CLASS}.{name} is not set by __init__")
         if state[name] != initial or type(state[name]) is not type(initial):
-            raise IncompatibleVllm(
-                f"{MANAGER_CLASS}.{name} starts as {state[name]!r}, expected {initial!r}"
-            )
+            raise IncompatibleVllm(f"{MANAGER_CLASS}.{name} starts as {state[name]!r}, expected {initial!r}")
 
 
 def platform_name() -> str:

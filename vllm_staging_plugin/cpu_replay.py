@@ -45,21 +45,21 @@ class ReplayResult:
     capacity: int
     buffers: dict[str, dict[str, Any]] = field(default_factory=dict)
     tensors: dict[str, torch.Tensor] = field(default_factory=dict)
+    forwards: list[int] = field(default_factory=list)
+    """``num_tokens`` of every forward the capture ran, in order (warm-up and capture pass)."""
 
 
 def cudagraph_module() -> types.ModuleType:
     import vllm.v1.worker.gpu.cudagraph_utils as module
 
-    return module
+    return module  # type: ignore[no-any-return]
 
 
 def make_vllm_config(cfg: ReplayConfig) -> Any:
     from vllm.config import CompilationConfig, DeviceConfig, VllmConfig
     from vllm.config.compilation import CUDAGraphMode
 
-    vllm_config = VllmConfig(
-        compilation_config=CompilationConfig(), device_config=DeviceConfig(device="cpu")
-    )
+    vllm_config = VllmConfig(compilation_config=CompilationConfig(), device_config=DeviceConfig(device="cpu"))
     vllm_config.scheduler_config.max_num_seqs = cfg.max_num_seqs
     # On CPU, VllmConfig's post-init forces mode NONE and clears the sizes: set them afterwards.
     compilation = vllm_config.compilation_config
@@ -70,16 +70,18 @@ def make_vllm_config(cfg: ReplayConfig) -> Any:
     return vllm_config
 
 
-class _FakeModel(torch.nn.Module):
+class _FakeModel(torch.nn.Module):  # type: ignore[misc]
     def __init__(self, cfg: ReplayConfig) -> None:
         super().__init__()
         self.cfg = cfg
+        self.forwards: list[int] = []
 
     def forward(self, input_ids: Any = None, positions: torch.Tensor | None = None, **_: Any) -> Any:
         from vllm.sequence import IntermediateTensors
 
         assert positions is not None
         n, cfg = positions.shape[0], self.cfg
+        self.forwards.append(n)
         hidden = torch.zeros(n, cfg.hidden_size, dtype=cfg.dtype)
         if not cfg.last_pp_rank:
             return IntermediateTensors({k: hidden.clone() for k in cfg.intermediate_keys})
@@ -149,13 +151,13 @@ def run_capture(manager: Any, cfg: ReplayConfig, reorder: Reorder | None = None)
     from vllm.v1.kv_cache_interface import KVCacheConfig
     from vllm.v1.worker.gpu.input_batch import InputBuffers
 
-    from .capture_session import staging_buffer_bytes
+    from .capture_session import staging_buffer_bytes, staging_tensors
     from .sizing import capture_sequence, staging_capacity
 
     if reorder is not None:  # simulate another capture order on stock and patched alike
         for mode, descs in manager._capture_descs.items():
             manager._capture_descs[mode] = reorder(list(descs))
-    rows = max(cfg.sizes, default=1)
+    rows = max(staging_capacity(manager._capture_descs), 1)
     inputs = InputBuffers(cfg.max_num_seqs, rows, torch.device("cpu"))
     upstream = None
     if not cfg.last_pp_rank:
@@ -165,15 +167,15 @@ def run_capture(manager: Any, cfg: ReplayConfig, reorder: Reorder | None = None)
     model_state = types.SimpleNamespace(prepare_dummy_inputs=lambda num_reqs, num_tokens: {})
     kv_cache_config = KVCacheConfig(num_blocks=0, kv_cache_tensors=[], kv_cache_groups=[])
     error = None
+    model = _FakeModel(cfg)
     try:
         manager.capture(
-            _FakeModel(cfg), model_state, inputs, upstream, None, [], kv_cache_config,
+            model, model_state, inputs, upstream, None, [], kv_cache_config,
             use_aux_hidden_state_outputs=cfg.aux_layers > 0,
         )  # fmt: skip
     except Exception as exc:
         error = f"{type(exc).__name__}: {exc}"
-    state = vars(manager)
-    tensors = {k: state[k] for k in ("hidden_states",) if isinstance(state.get(k), torch.Tensor)}
+    tensors = staging_tensors(manager)
     return ReplayResult(
         ok=error is None,
         error=error,
@@ -181,6 +183,7 @@ def run_capture(manager: Any, cfg: ReplayConfig, reorder: Reorder | None = None)
         capacity=staging_capacity(manager._capture_descs),
         buffers=staging_buffer_bytes(manager),
         tensors=tensors,
+        forwards=model.forwards,
     )
 
 

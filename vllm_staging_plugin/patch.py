@@ -22,6 +22,7 @@ from __future__ import annotations
 import copy
 import functools
 import logging
+import os
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -29,7 +30,14 @@ from typing import Any
 import torch
 
 from . import compat
-from .settings import Settings, read_settings, strict_requested
+from .settings import (
+    DEFAULT_ORDER,
+    ENV_ORDER,
+    ENV_STRICT,
+    Settings,
+    read_settings,
+    strict_requested,
+)
 from .sizing import staging_capacity
 
 logger = logging.getLogger("vllm.staging_plugin")
@@ -52,10 +60,14 @@ def refuse(reason: str, strict: bool | None = None) -> None:
         raise compat.IncompatibleVllm(f"vllm-staging-plugin (strict mode): {reason}")
     if not _state["warned"]:
         _state["warned"] = True
+        order = os.environ.get(ENV_ORDER, "").strip()
+        ignored = f" {ENV_ORDER}={order} is NOT applied." if order not in ("", DEFAULT_ORDER) else ""
         logger.warning(
-            "vllm-staging-plugin is inactive, vLLM runs unpatched (stock lazy staging, capture order "
-            "must stay descending): %s. Set VLLM_STAGING_PLUGIN_STRICT=1 to fail instead.",
+            "vllm-staging-plugin is inactive, vLLM runs unpatched (stock lazy staging, vLLM's own "
+            "descending capture order): %s.%s Set %s=1 to fail instead.",
             reason,
+            ignored,
+            ENV_STRICT,
         )
 
 
@@ -98,6 +110,7 @@ def _patched_owner(manager: Any) -> type | None:
 def _deactivate(manager: Any, reason: str, strict: bool) -> None:
     """Refuse for this and every later manager: the class goes back to stock."""
     manager.__dict__.pop(CAPACITY_ATTR, None)
+    manager.__dict__.pop(SETTINGS_ATTR, None)
     owner = _patched_owner(manager)
     if owner is not None:
         unpatch(owner)
@@ -121,7 +134,8 @@ def _wrap_init(original: Callable[..., None]) -> Callable[..., None]:
             _deactivate(self, f"{type(exc).__name__}: {exc}", settings.strict)
             return
         self.__dict__[SETTINGS_ATTR] = settings
-        self.__dict__[CAPACITY_ATTR] = capacity
+        if settings.presize == "on":
+            self.__dict__[CAPACITY_ATTR] = capacity
         _announce(self, capacity, settings)
 
     return __init__
@@ -130,13 +144,17 @@ def _wrap_init(original: Callable[..., None]) -> Callable[..., None]:
 def _announce(manager: Any, capacity: int, settings: Settings) -> None:
     level = logging.DEBUG if _state["announced"] else logging.INFO
     _state["announced"] = True
+    sizing = (
+        f"sized to {capacity} rows, the largest"
+        if settings.presize == "on"
+        else f"left to vLLM's lazy sizing ({settings.presize}; largest is {capacity} rows)"
+    )
     logger.log(
         level,
-        "vllm-staging-plugin: %s staging buffers (%s) sized to %d rows, the largest of %d capture "
-        "descriptors; capture order: %s",
+        "vllm-staging-plugin: %s staging buffers (%s) %s of %d capture descriptors; capture order: %s",
         type(manager).__name__,
         ", ".join(STAGING_ATTRS),
-        capacity,
+        sizing,
         sum(len(d) for d in manager._capture_descs.values()),
         settings.order,
     )
@@ -145,10 +163,11 @@ def _announce(manager: Any, capacity: int, settings: Settings) -> None:
 def _wrap_capture(original: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(original)
     def capture(self: Any, *args: Any, **kwargs: Any) -> Any:
-        if CAPACITY_ATTR not in self.__dict__:
+        settings: Settings | None = self.__dict__.get(SETTINGS_ATTR)
+        if settings is None:
             return original(self, *args, **kwargs)
-        settings: Settings = self.__dict__[SETTINGS_ATTR]
-        ensure_capacity(self)
+        if CAPACITY_ATTR in self.__dict__:
+            ensure_capacity(self)
         profiling = getattr(self, "_max_full_descs_to_capture", None) is not None
         from .capture_session import capture_session
 

@@ -74,7 +74,7 @@ def policy_names() -> list[str]:
     return names
 
 
-def _allowed() -> str:
+def allowed_orders() -> str:
     return ", ".join("shuffle:SEED" if n == "shuffle" else n for n in policy_names())
 
 
@@ -85,12 +85,14 @@ def validate_order(settings: Settings) -> None:
     if settings.order_name not in policy_names():
         raise ConfigError(
             f"{ENV_ORDER}={settings.order!r}: unknown order policy {settings.order_name!r}; "
-            f"allowed values: {_allowed()}"
+            f"allowed values: {allowed_orders()}"
         )
     try:
         order_descriptors(settings, "validation", ())
     except (ValueError, PolicyError) as exc:
-        raise ConfigError(f"{ENV_ORDER}={settings.order!r}: {exc}; allowed values: {_allowed()}") from exc
+        raise ConfigError(
+            f"{ENV_ORDER}={settings.order!r}: {exc}; allowed values: {allowed_orders()}"
+        ) from exc
 
 
 def order_descriptors(settings: Settings, mode: str, descriptors: Sequence[Any]) -> list[Any]:

@@ -15,10 +15,12 @@ ENV_DISABLE = "VLLM_STAGING_PLUGIN_DISABLE"
 ENV_STRICT = "VLLM_STAGING_PLUGIN_STRICT"
 ENV_ORDER = "VLLM_STAGING_ORDER"
 ENV_RECEIPTS_DIR = "VLLM_STAGING_RECEIPTS_DIR"
+ENV_PRESIZE = "VLLM_STAGING_PRESIZE"
 
 _TRUE = ("1", "true", "yes", "on")
 _FALSE = ("", "0", "false", "no", "off")
 DEFAULT_ORDER = "descending"
+PRESIZE_VALUES = ("on", "off", "off-allow-crash")
 
 
 class ConfigError(ValueError):
@@ -32,6 +34,9 @@ class Settings:
     order: str = DEFAULT_ORDER
     """Order policy spec, ``NAME`` or ``NAME:ARGUMENT`` (validated by :mod:`.policies`)."""
     receipts_dir: Path | None = None
+    presize: str = "on"
+    """``on``; ``off`` keeps vLLM's lazy staging (only vLLM's order is then safe); ``off-allow-crash``
+    also lets another order run on stock staging, to reproduce the upstream crash on purpose."""
 
     @property
     def order_name(self) -> str:
@@ -39,7 +44,7 @@ class Settings:
 
     @property
     def order_argument(self) -> str | None:
-        name, sep, argument = self.order.partition(":")
+        _, sep, argument = self.order.partition(":")
         return argument if sep else None
 
 
@@ -59,11 +64,26 @@ def read_settings(environ: Mapping[str, str] | None = None) -> Settings:
     env = os.environ if environ is None else environ
     order = env.get(ENV_ORDER, "").strip() or DEFAULT_ORDER
     receipts = env.get(ENV_RECEIPTS_DIR, "").strip()
+    presize = env.get(ENV_PRESIZE, "").strip().lower() or "on"
+    presize = {"1": "on", "true": "on", "0": "off", "false": "off"}.get(presize, presize)
+    if presize not in PRESIZE_VALUES:
+        raise ConfigError(
+            f"{ENV_PRESIZE}={env[ENV_PRESIZE]!r}; allowed values: {', '.join(PRESIZE_VALUES)} "
+            "(1/true = on, 0/false = off)"
+        )
+    if presize == "off" and order != DEFAULT_ORDER:
+        raise ConfigError(
+            f"{ENV_ORDER}={order!r} needs pre-sizing ({ENV_PRESIZE}=on): with vLLM's lazy staging "
+            "any order whose first descriptor is not the largest crashes the boot at the staging "
+            f"copy. Allowed: {ENV_PRESIZE}=on, or {ENV_PRESIZE}=off-allow-crash to reproduce the "
+            f"crash on purpose, or {ENV_ORDER}={DEFAULT_ORDER}"
+        )
     return Settings(
         disabled=parse_bool(ENV_DISABLE, env),
         strict=parse_bool(ENV_STRICT, env),
         order=order,
         receipts_dir=Path(receipts) if receipts else None,
+        presize=presize,
     )
 
 

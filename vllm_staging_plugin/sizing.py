@@ -20,9 +20,14 @@ def staging_capacity(capture_descs: Mapping[Any, Iterable[Descriptor]]) -> int:
     return max((int(d.num_tokens) for descs in capture_descs.values() for d in descs), default=0)
 
 
+CAPTURE_MODE_ORDER = ("PIECEWISE", "FULL")  # vLLM captures PIECEWISE first, then FULL
+
+
 def capture_sequence(capture_descs: Mapping[Any, Sequence[Descriptor]]) -> dict[str, list[int]]:
-    """``num_tokens`` per mode in list order, keyed by mode name (receipts, CLI plan)."""
-    return {_mode_name(mode): [int(d.num_tokens) for d in descs] for mode, descs in capture_descs.items()}
+    """``num_tokens`` per mode in capture order, keyed by mode name (receipts, CLI plan)."""
+    named = {_mode_name(mode): [int(d.num_tokens) for d in descs] for mode, descs in capture_descs.items()}
+    rank = {name: i for i, name in enumerate(CAPTURE_MODE_ORDER)}
+    return dict(sorted(named.items(), key=lambda item: rank.get(item[0], len(rank))))
 
 
 def staging_bytes(rows: int, trailing_shape: Sequence[int], element_size: int) -> int:

@@ -1,0 +1,91 @@
+"""A stand-in for vLLM's ModelCudaGraphManager with the same structure and the same lazy staging.
+
+Its capture loop mirrors vLLM 0.33.0's ``store_capture_output``: allocate ``empty_like`` of the first
+output when the buffer is empty, then copy ``[:num_tokens]``. Unit tests use it for speed and faults;
+the claims rest on the contract tests against the real class.
+"""
+
+from __future__ import annotations
+
+import types
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+
+@dataclass(frozen=True)
+class Desc:
+    cg_mode: str
+    num_tokens: int
+    num_active_loras: int = 0
+    num_ubatches: int = 1
+
+
+class Mode(str):
+    @property
+    def name(self) -> str:
+        return str(self)
+
+
+PIECEWISE, FULL = Mode("PIECEWISE"), Mode("FULL")
+
+
+def descs(mode: Mode, sizes: list[int], **extra: Any) -> list[Desc]:
+    return [Desc(mode, n, **extra) for n in sorted(sizes, reverse=True)]
+
+
+class FakeManager:
+    def __init__(
+        self, vllm_config: Any, device: Any, cudagraph_mode: Any, decode_query_len: int, **kwargs: Any
+    ) -> None:
+        self.vllm_config = vllm_config
+        self.device = device
+        self.cudagraph_mode = Mode(str(cudagraph_mode))
+        self.is_last_pp_rank = True
+        self.graphs: dict[Any, Any] = {}
+        self._max_full_descs_to_capture: int | None = None
+        self._capture_descs: dict[Mode, list[Desc]] = kwargs.get("capture_descs", {})
+        self.hidden_states: torch.Tensor | None = None
+        self.aux_hidden_states: list[torch.Tensor] = []
+        self.intermediate_tensors: Any = None
+        self.use_aux_hidden_state_outputs = False
+
+    def _descs_for(self, mode: Mode) -> list[Desc]:
+        return self._capture_descs.get(mode, [])
+
+    def capture(self, hidden: int = 8, aux: int = 0) -> list[int]:
+        self.use_aux_hidden_state_outputs = aux > 0
+        seen = []
+        for mode in (PIECEWISE, FULL):
+            for desc in self._descs_for(mode):
+                n = desc.num_tokens
+                seen.append(n)
+                out = torch.ones(n, hidden)
+                if self.hidden_states is None:
+                    self.hidden_states = torch.empty_like(out)
+                self.hidden_states[:n] = out
+                if aux and not self.aux_hidden_states:
+                    self.aux_hidden_states = [torch.empty_like(out) for _ in range(aux)]
+                for buf in self.aux_hidden_states if aux else []:
+                    buf[:n] = out
+        return seen
+
+
+def make_module(cls: type | None = FakeManager) -> types.ModuleType:
+    module = types.ModuleType("vllm.v1.worker.gpu.cudagraph_utils")
+    if cls is not None:
+        module.ModelCudaGraphManager = cls  # type: ignore[attr-defined]
+    return module
+
+
+def fresh_class(**overrides: Any) -> type:
+    """A new subclass-free copy of FakeManager (so patching one test's class leaks nowhere)."""
+    return type("ModelCudaGraphManager", (FakeManager,), {"__init__": FakeManager.__init__,
+                                                          "capture": FakeManager.capture, **overrides})
+
+
+def config() -> Any:
+    sizes = [1, 2, 4, 8]
+    compilation = types.SimpleNamespace(cudagraph_capture_sizes=sizes)
+    return types.SimpleNamespace(compilation_config=compilation, model_config=None)

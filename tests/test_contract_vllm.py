@@ -1,0 +1,197 @@
+"""Contract tests: the real installed vLLM ModelCudaGraphManager, its real capture() staging code, on CPU."""
+
+from __future__ import annotations
+
+import json
+import random
+from typing import Any
+
+import pytest
+
+pytest.importorskip("vllm.v1.worker.gpu.cudagraph_utils")
+
+import vllm_staging_plugin
+from vllm_staging_plugin import compat, cpu_replay, patch
+from vllm_staging_plugin.cpu_replay import ReplayConfig, ascending, replay
+
+pytestmark = pytest.mark.contract
+SHAPE_MISMATCH = "must match the existing size"
+QWEN3_8B = ReplayConfig()  # FULL_AND_PIECEWISE, 51 sizes up to 512, hidden 4096, bf16
+
+
+def shuffled(seed: int) -> cpu_replay.Reorder:
+    def reorder(descs: list[Any]) -> list[Any]:
+        out = list(descs)
+        random.Random(seed).shuffle(out)
+        return out
+
+    return reorder
+
+
+def max_first(descs: list[Any]) -> list[Any]:
+    top = max(descs, key=lambda d: d.num_tokens)
+    return [top, *(d for d in ascending(descs) if d is not top)]
+
+
+def rows(result: cpu_replay.ReplayResult) -> dict[str, int]:
+    return {name: b["rows"] for name, b in result.buffers.items()}
+
+
+def test_real_class_has_the_structure_the_patch_relies_on() -> None:
+    assert compat.manager_class(cpu_replay.cudagraph_module()) is cpu_replay.cudagraph_module().ModelCudaGraphManager
+
+
+@pytest.mark.parametrize("reorder", [ascending, shuffled(1), shuffled(2), shuffled(3)], ids=["ascending", "shuffle1", "shuffle2", "shuffle3"])
+def test_stock_crashes_and_patched_holds_capacity(reorder: cpu_replay.Reorder) -> None:
+    stock = replay(QWEN3_8B, patched=False, reorder=reorder)
+    patched = replay(QWEN3_8B, patched=True, reorder=reorder)
+    first = stock.sequence["PIECEWISE"][0]
+    assert first != 512  # these orders do not start with the largest descriptor...
+    assert not stock.ok and SHAPE_MISMATCH in (stock.error or "")  # ...so vLLM's own code crashes
+    assert patched.ok, patched.error
+    assert patched.capacity == 512 and rows(patched) == {"hidden_states": 512}
+    # every descriptor ran (warm-up + capture pass), in exactly the order under test
+    assert patched.forwards[::2] == patched.forwards[1::2] == [n for seq in patched.sequence.values() for n in seq]
+
+
+def test_max_first_boots_unpatched_so_only_the_first_descriptor_matters() -> None:
+    stock = replay(QWEN3_8B, patched=False, reorder=max_first)
+    assert stock.ok and rows(stock) == {"hidden_states": 512}
+
+
+def test_default_order_is_byte_identical_and_keeps_the_stock_tensor(mocker: Any) -> None:
+    stock = replay(QWEN3_8B, patched=False)
+    spy = mocker.spy(patch, "presized")
+    patched = replay(QWEN3_8B, patched=True)
+    assert stock.ok and patched.ok
+    assert stock.buffers == patched.buffers == {
+        "hidden_states": {"rows": 512, "shape": [512, 4096], "dtype": "bfloat16", "bytes": 512 * 4096 * 2}
+    }
+    assert stock.forwards == patched.forwards  # same descriptors, same order
+    assert spy.call_count == 1 and spy.spy_return is spy.call_args.args[0]  # vLLM's tensor kept
+
+
+@pytest.mark.parametrize(
+    "cfg",
+    [
+        ReplayConfig(aux_layers=3, hidden_size=1024),
+        ReplayConfig(last_pp_rank=False, hidden_size=1024),
+        ReplayConfig(mode="FULL", max_num_seqs=256),
+        ReplayConfig(mode="PIECEWISE"),
+        ReplayConfig(lora_capture_cases=[0, 1], hidden_size=256),
+    ],
+    ids=["eagle3-aux", "pp-non-last-rank", "full-only", "piecewise-only", "lora-cases"],
+)
+def test_every_staging_path(cfg: ReplayConfig) -> None:
+    stock = replay(cfg, patched=False, reorder=ascending)
+    patched = replay(cfg, patched=True, reorder=ascending)
+    assert not stock.ok and SHAPE_MISMATCH in (stock.error or "")
+    assert patched.ok, patched.error
+    expected = {"hidden_states"} if cfg.last_pp_rank else {f"intermediate_tensors[{k}]" for k in cfg.intermediate_keys}
+    expected |= {f"aux_hidden_states[{i}]" for i in range(cfg.aux_layers)}
+    assert set(rows(patched)) == expected
+    assert set(rows(patched).values()) == {patched.capacity}
+    assert all(b["dtype"] == "bfloat16" and b["shape"][1:] == [cfg.hidden_size] for b in patched.buffers.values())
+    stock_default, patched_default = replay(cfg, patched=False), replay(cfg, patched=True)
+    assert stock_default.ok and stock_default.buffers == patched_default.buffers
+
+
+def test_descriptor_larger_than_every_registered_one_fits() -> None:
+    def append_larger(descs: list[Any]) -> list[Any]:
+        from dataclasses import replace
+
+        return [*descs, replace(descs[0], num_tokens=1024)] if descs[0].cg_mode.name == "PIECEWISE" else descs
+
+    stock = replay(QWEN3_8B, patched=False, reorder=append_larger)
+    patched = replay(QWEN3_8B, patched=True, reorder=append_larger)
+    assert not stock.ok and SHAPE_MISMATCH in (stock.error or "")
+    assert patched.ok and rows(patched) == {"hidden_states": 1024}
+
+
+def _drive(cfg: ReplayConfig, **manager_attrs: Any) -> cpu_replay.ReplayResult:
+    """Build through the real route: register() patches the imported module, then capture."""
+    vllm_staging_plugin.register()
+    cls = cpu_replay.cudagraph_module().ModelCudaGraphManager
+    assert patch.is_patched(cls)
+    with cpu_replay.cpu_stubs(cfg):
+        manager = cpu_replay.build_manager(cfg)
+        assert manager.__dict__[patch.CAPACITY_ATTR] == 512
+        for key, value in manager_attrs.items():
+            setattr(manager, key, value)
+        return cpu_replay.run_capture(manager, cfg)
+
+
+def test_register_patches_real_class_and_logs_capacity(plugin_log: Any) -> None:
+    result = _drive(QWEN3_8B)
+    assert result.ok and rows(result) == {"hidden_states": 512}
+    assert any("sized to 512 rows, the largest of 70 capture descriptors" in m for m in plugin_log.at(20))
+
+
+def test_order_policy_reorders_the_real_capture(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("VLLM_STAGING_ORDER", "ascending")
+    result = _drive(QWEN3_8B)
+    assert result.ok and rows(result) == {"hidden_states": 512}
+    captured = result.forwards[::2]  # warm-up and capture pass per descriptor
+    assert captured[:51] == sorted(QWEN3_8B.sizes)  # PIECEWISE, ascending
+    assert captured[51:] == sorted(captured[51:]) and captured[51:][-1] == 128  # FULL, ascending
+    assert result.sequence["PIECEWISE"][0] == 512  # vLLM's own lists are restored afterwards
+
+
+def test_profiling_pass_keeps_vllms_order(monkeypatch: pytest.MonkeyPatch, tmp_path: Any) -> None:
+    monkeypatch.setenv("VLLM_STAGING_ORDER", "ascending")
+    monkeypatch.setenv("VLLM_STAGING_RECEIPTS_DIR", str(tmp_path))
+    result = _drive(QWEN3_8B, _max_full_descs_to_capture=2)
+    assert result.ok
+    assert result.forwards[::2][:51] == sorted(QWEN3_8B.sizes, reverse=True)  # not reordered
+    assert result.forwards[::2][51:] == [128, 120]  # the two largest FULL graphs, as vLLM samples
+    (receipt,) = [json.loads(p.read_text()) for p in tmp_path.glob("receipt-*.json")]
+    assert receipt["kind"] == "profiling" and receipt["policy"] == "descending"
+    assert receipt["requested_policy"] == "ascending"
+    assert receipt["captured_sequence"]["FULL"] == [128, 120]
+
+
+def test_receipt_of_a_real_capture(monkeypatch: pytest.MonkeyPatch, tmp_path: Any) -> None:
+    monkeypatch.setenv("VLLM_STAGING_ORDER", "shuffle:1")
+    monkeypatch.setenv("VLLM_STAGING_RECEIPTS_DIR", str(tmp_path))
+    assert _drive(QWEN3_8B).ok
+    (path,) = tmp_path.glob("receipt-capture-*.json")
+    receipt = json.loads(path.read_text())
+    assert receipt["ok"] and receipt["policy"] == "shuffle:1" and receipt["presize"] == "on"
+    assert receipt["capacity"] == 512 and receipt["vllm_version"] == "0.33.0"
+    assert receipt["cudagraph_mode"] == "FULL_AND_PIECEWISE" and len(receipt["capture_sizes"]) == 51
+    assert sorted(receipt["captured_sequence"]["PIECEWISE"]) == sorted(QWEN3_8B.sizes)
+    assert receipt["captured_sequence"]["PIECEWISE"] != sorted(QWEN3_8B.sizes, reverse=True)
+    assert receipt["staging_bytes"]["hidden_states"]["bytes"] == 512 * 4096 * 2
+    assert receipt["capture_seconds"] > 0
+
+
+def test_stock_staging_reproduces_the_crash_on_purpose(monkeypatch: pytest.MonkeyPatch, tmp_path: Any) -> None:
+    monkeypatch.setenv("VLLM_STAGING_PRESIZE", "off-allow-crash")
+    monkeypatch.setenv("VLLM_STAGING_ORDER", "ascending")
+    monkeypatch.setenv("VLLM_STAGING_RECEIPTS_DIR", str(tmp_path))
+    vllm_staging_plugin.register()
+    with cpu_replay.cpu_stubs(QWEN3_8B):
+        manager = cpu_replay.build_manager(QWEN3_8B)
+        assert patch.CAPACITY_ATTR not in vars(manager)
+        result = cpu_replay.run_capture(manager, QWEN3_8B)
+    assert not result.ok and SHAPE_MISMATCH in (result.error or "")
+    (receipt,) = [json.loads(p.read_text()) for p in tmp_path.glob("receipt-*.json")]
+    assert receipt["ok"] is False and SHAPE_MISMATCH in receipt["error"] and receipt["presize"] == "off-allow-crash"
+
+
+def test_bad_order_fails_manager_construction_before_anything_is_built(
+    monkeypatch: pytest.MonkeyPatch, mocker: Any
+) -> None:
+    from vllm_staging_plugin.settings import ConfigError
+
+    monkeypatch.setenv("VLLM_STAGING_ORDER", "fastest")
+    vllm_staging_plugin.register()  # never raises
+    module = cpu_replay.cudagraph_module()
+    candidates = mocker.spy(module.CudaGraphManager, "_init_candidates")  # run by vLLM's __init__
+    with cpu_replay.cpu_stubs(QWEN3_8B), pytest.raises(ConfigError, match="VLLM_STAGING_ORDER='fastest'"):
+        cpu_replay.build_manager(QWEN3_8B)
+    assert candidates.call_count == 0
+    with cpu_replay.cpu_stubs(QWEN3_8B):  # the spy does see a construction
+        monkeypatch.setenv("VLLM_STAGING_ORDER", "descending")
+        cpu_replay.build_manager(QWEN3_8B)
+    assert candidates.call_count == 1

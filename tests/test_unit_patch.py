@@ -1,0 +1,240 @@
+"""Unit tests of the patch on a mocked manager: idempotence, unpatch, every injected fault, strict mode."""
+
+from __future__ import annotations
+
+import functools
+import sys
+from typing import Any
+
+import pytest
+import torch
+from fakes import FULL, PIECEWISE, FakeManager, config, descs, fresh_class, make_module
+
+import vllm_staging_plugin
+from vllm_staging_plugin import compat, patch
+from vllm_staging_plugin.patch import CAPACITY_ATTR, StagingError
+
+MODULE = compat.CUDAGRAPH_MODULE
+
+
+def build(cls: type, sizes: tuple[list[int], list[int]] = ([1, 2, 4, 8], [1, 2])) -> Any:
+    capture_descs = {PIECEWISE: descs(PIECEWISE, sizes[0]), FULL: descs(FULL, sizes[1])}
+    return cls(config(), "cpu", "FULL_AND_PIECEWISE", 1, capture_descs=capture_descs)
+
+
+def ascending(manager: Any) -> None:
+    for mode in manager._capture_descs:
+        manager._capture_descs[mode].sort(key=lambda d: d.num_tokens)
+
+
+@pytest.fixture
+def fake_module(monkeypatch: pytest.MonkeyPatch) -> Any:
+    """The fake class installed where register() looks for vLLM's module, on a supported platform."""
+    module = make_module(fresh_class())
+    monkeypatch.setitem(sys.modules, MODULE, module)
+    monkeypatch.setattr(compat, "platform_name", lambda: "cuda")
+    yield module
+    patch.unpatch(module.ModelCudaGraphManager)
+
+
+def test_register_twice_patches_once(fake_module: Any) -> None:
+    cls = fake_module.ModelCudaGraphManager
+    vllm_staging_plugin.register()
+    first = (cls.__dict__["__init__"], cls.__dict__["capture"], cls.__dict__["hidden_states"])
+    vllm_staging_plugin.register()
+    assert patch.is_patched(cls)
+    assert (cls.__dict__["__init__"], cls.__dict__["capture"], cls.__dict__["hidden_states"]) == first
+    assert cls.__dict__[patch.ORIGINALS_ATTR]["__init__"] is FakeManager.__init__
+
+
+def test_unpatch_restores_class_exactly(fake_module: Any) -> None:
+    cls = fake_module.ModelCudaGraphManager
+    before = dict(cls.__dict__)
+    vllm_staging_plugin.register()
+    assert dict(cls.__dict__) != before
+    vllm_staging_plugin.unregister()
+    assert dict(cls.__dict__) == before
+    assert not patch.unpatch(cls)  # second unpatch is a no-op
+
+
+def test_patched_manager_survives_ascending_order(fake_module: Any, plugin_log: Any) -> None:
+    vllm_staging_plugin.register()
+    manager = build(fake_module.ModelCudaGraphManager)
+    ascending(manager)
+    manager.capture(aux=2)
+    assert manager.hidden_states.shape == (8, 8)
+    assert [t.shape[0] for t in manager.aux_hidden_states] == [8, 8]
+    assert any("sized to 8 rows" in m for m in plugin_log.at(20))
+
+
+def test_stock_fake_crashes_under_ascending_order() -> None:
+    manager = build(fresh_class())
+    ascending(manager)
+    with pytest.raises(RuntimeError, match="must match the existing size"):
+        manager.capture()
+
+
+def test_default_order_keeps_the_stock_tensor(fake_module: Any, mocker: Any) -> None:
+    vllm_staging_plugin.register()
+    spy = mocker.spy(patch, "presized")
+    manager = build(fake_module.ModelCudaGraphManager)
+    manager.capture()
+    assert spy.call_count == 1 and spy.spy_return is spy.call_args.args[0]  # not replaced
+
+
+def test_nothing_to_capture_allocates_nothing(fake_module: Any) -> None:
+    vllm_staging_plugin.register()
+    manager = fake_module.ModelCudaGraphManager(config(), "cpu", "NONE", 1, capture_descs={})
+    assert manager.__dict__[CAPACITY_ATTR] == 0
+    assert manager.capture() == [] and manager.hidden_states is None
+
+
+def test_kill_switch_leaves_vllm_untouched(fake_module: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("VLLM_STAGING_PLUGIN_DISABLE", "1")
+    vllm_staging_plugin.register()
+    assert not patch.is_patched(fake_module.ModelCudaGraphManager)
+
+
+def test_register_never_imports_vllm_or_torch_when_module_not_loaded(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delitem(sys.modules, MODULE, raising=False)
+    vllm_staging_plugin.register()  # only installs the import hook
+    from vllm_staging_plugin.import_hook import PostImportHook
+
+    assert any(isinstance(f, PostImportHook) and f.fullname == MODULE for f in sys.meta_path)
+
+
+# ---- injected faults: each leaves a working stock manager and exactly one warning ----------------
+
+
+@functools.wraps(FakeManager.__init__)
+def _renamed_attribute_init(self: Any, *args: Any, **kwargs: Any) -> None:
+    FakeManager.__init__(self, *args, **kwargs)
+    self.__dict__["aux_staging"] = self.__dict__.pop("aux_hidden_states")  # renamed upstream
+
+
+@functools.wraps(FakeManager.__init__)
+def _no_capture_descs_init(self: Any, *args: Any, **kwargs: Any) -> None:
+    FakeManager.__init__(self, *args, **kwargs)
+    self._capture_descs_v2 = self.__dict__.pop("_capture_descs")  # restructured upstream
+
+
+def _changed_signature_init(self: Any, config: Any, uses_mrope: bool, device: Any, *a: Any, **k: Any) -> None:
+    FakeManager.__init__(self, config, device, "FULL", 1, **k)
+
+
+FAULTS = {
+    "class missing": lambda: make_module(None),
+    "attribute renamed": lambda: make_module(fresh_class(__init__=_renamed_attribute_init)),
+    "signature changed": lambda: make_module(fresh_class(__init__=_changed_signature_init)),
+    "_capture_descs absent": lambda: make_module(
+        fresh_class(__init__=_no_capture_descs_init, _descs_for=lambda self, m: self._capture_descs_v2.get(m, []))
+    ),
+}
+
+
+@pytest.mark.parametrize("fault", list(FAULTS))
+def test_fault_leaves_stock_manager_and_one_warning(
+    fault: str, monkeypatch: pytest.MonkeyPatch, plugin_log: Any
+) -> None:
+    module = FAULTS[fault]()
+    monkeypatch.setitem(sys.modules, MODULE, module)
+    monkeypatch.setattr(compat, "platform_name", lambda: "cuda")
+    vllm_staging_plugin.register()
+    vllm_staging_plugin.register()
+    cls = getattr(module, "ModelCudaGraphManager", None)
+    if cls is not None:
+        manager = cls(config(), True, "cpu", capture_descs={FULL: descs(FULL, [4, 2])}) if (
+            fault == "signature changed"
+        ) else build(cls)
+        manager.capture()  # stock: works in vLLM's descending order
+        assert not patch.is_patched(cls)
+        assert CAPACITY_ATTR not in vars(manager)
+        build_again = cls  # a second manager in the same process: still one warning
+        if fault != "signature changed":
+            build(build_again).capture()
+    assert len(plugin_log.warnings) == 1, plugin_log.warnings
+    assert "vllm-staging-plugin is inactive" in plugin_log.warnings[0]
+
+
+def test_unsupported_platform_is_refused(fake_module: Any, monkeypatch: pytest.MonkeyPatch, plugin_log: Any) -> None:
+    monkeypatch.setattr(compat, "platform_name", lambda: "oot")
+    vllm_staging_plugin.register()
+    assert not patch.is_patched(fake_module.ModelCudaGraphManager)
+    assert len(plugin_log.warnings) == 1 and "platform 'oot'" in plugin_log.warnings[0]
+
+
+def test_allocation_failure_falls_back_to_stock(fake_module: Any, mocker: Any, plugin_log: Any) -> None:
+    vllm_staging_plugin.register()
+    mocker.patch.object(patch, "presized", side_effect=torch.OutOfMemoryError("CUDA out of memory"))
+    manager = build(fake_module.ModelCudaGraphManager)
+    manager.capture()  # descending: the stock tensor serves
+    assert manager.hidden_states.shape == (8, 8)
+    assert not patch.is_patched(fake_module.ModelCudaGraphManager)
+    assert len(plugin_log.warnings) == 1 and "allocating hidden_states" in plugin_log.warnings[0]
+
+
+def test_order_requested_but_not_applied_is_said(
+    monkeypatch: pytest.MonkeyPatch, plugin_log: Any
+) -> None:
+    monkeypatch.setitem(sys.modules, MODULE, make_module(None))
+    monkeypatch.setenv("VLLM_STAGING_ORDER", "ascending")
+    vllm_staging_plugin.register()
+    assert "VLLM_STAGING_ORDER=ascending is NOT applied" in plugin_log.warnings[0]
+
+
+# ---- strict mode ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("fault", ["class missing", "attribute renamed", "_capture_descs absent"])
+def test_strict_mode_raises_clearly(fault: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    module = FAULTS[fault]()
+    monkeypatch.setitem(sys.modules, MODULE, module)
+    monkeypatch.setattr(compat, "platform_name", lambda: "cuda")
+    monkeypatch.setenv("VLLM_STAGING_PLUGIN_STRICT", "1")
+    with pytest.raises(compat.IncompatibleVllm, match=r"vllm-staging-plugin \(strict mode\)"):
+        vllm_staging_plugin.register()
+        build(module.ModelCudaGraphManager)
+
+
+def test_strict_allocation_failure_raises(fake_module: Any, mocker: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("VLLM_STAGING_PLUGIN_STRICT", "1")
+    vllm_staging_plugin.register()
+    mocker.patch.object(patch, "presized", side_effect=RuntimeError("boom"))
+    manager = build(fake_module.ModelCudaGraphManager)
+    with pytest.raises(StagingError, match="allocating hidden_states with 8 rows failed: boom"):
+        manager.capture()
+
+
+# ---- growth ----------------------------------------------------------------------------------
+
+
+def test_descriptor_added_after_init_still_fits(fake_module: Any) -> None:
+    vllm_staging_plugin.register()
+    manager = build(fake_module.ModelCudaGraphManager)
+    manager._capture_descs[PIECEWISE].append(descs(PIECEWISE, [16])[0])  # larger than all, last
+    manager.capture()
+    assert manager.hidden_states.shape[0] == 16
+
+
+def test_growth_after_capture_regrows_until_graphs_exist(fake_module: Any) -> None:
+    vllm_staging_plugin.register()
+    manager = build(fake_module.ModelCudaGraphManager)
+    manager.capture()
+    manager._capture_descs[FULL].insert(0, descs(FULL, [32])[0])
+    manager.capture()  # no graph recorded the old buffer: it is replaced at 32 rows
+    assert manager.hidden_states.shape[0] == 32
+    manager.graphs["captured"] = object()
+    manager._capture_descs[FULL].insert(0, descs(FULL, [64])[0])
+    with pytest.raises(StagingError, match="replacing them would corrupt those graphs"):
+        manager.capture()
+    assert manager.hidden_states.shape[0] == 32  # untouched
+
+
+def test_presized_keeps_dtype_device_and_trailing_shape() -> None:
+    from vllm_staging_plugin.patch import presized
+
+    t = torch.zeros(2, 3, 5, dtype=torch.float16)
+    grown = presized(t, 7)
+    assert (grown.shape, grown.dtype, grown.device) == ((7, 3, 5), torch.float16, t.device)
+    assert presized(t, 2) is t
+    assert [x.shape[0] for x in presized([t, t], 4)] == [4, 4]

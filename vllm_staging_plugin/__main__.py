@@ -1,0 +1,3 @@
+from vllm_staging_plugin.cli import main
+
+raise SystemExit(main())

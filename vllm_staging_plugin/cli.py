@@ -1,0 +1,151 @@
+"""``vllm-staging-plugin``: check an installation on CPU (default) and compare receipts (``report``)."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import sys
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+from . import __version__
+from .settings import ENV_ORDER, ENV_PRESIZE, ConfigError, Settings, read_settings
+
+MIB = 1024 * 1024
+
+
+def _shorten(values: Sequence[int], keep: int = 4) -> str:
+    if len(values) <= 2 * keep:
+        return ", ".join(map(str, values))
+    return ", ".join(map(str, values[:keep])) + ", ..., " + ", ".join(map(str, values[-keep:]))
+
+
+def _buffers(buffers: dict[str, dict[str, Any]]) -> str:
+    if not buffers:
+        return "none allocated"
+    return "; ".join(
+        f"{name} {b['shape']} {b['dtype']} = {b['bytes'] / MIB:.2f} MiB" for name, b in buffers.items()
+    )
+
+
+@contextlib.contextmanager
+def _plugin_env(**values: str) -> Iterator[None]:
+    saved = {k: os.environ.get(k) for k in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for key, old in saved.items():
+            if old is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = old
+
+
+def check(args: argparse.Namespace) -> int:
+    """The main job: what is installed, whether the plugin would patch it, and a CPU replay."""
+    from . import compat
+
+    versions = compat.installed_versions()
+    print(f"vllm-staging-plugin {__version__}")
+    print(f"installed: vllm {versions['vllm']}, torch {versions['torch']}")
+    try:
+        settings = read_settings()
+        from .policies import allowed_orders, validate_order
+
+        validate_order(settings)
+        print(f"configuration: order={settings.order} presize={settings.presize} "
+              f"strict={settings.strict} disabled={settings.disabled} "
+              f"receipts={settings.receipts_dir or '-'} (valid)")  # fmt: skip
+        print(f"order policies: {allowed_orders()}")
+    except ConfigError as exc:
+        print(f"configuration: INVALID: {exc}")
+        return 2
+    if versions["vllm"] is None:
+        print("would patch: no (vLLM is not installed)")
+        return 1
+    from . import cpu_replay
+    from .policies import order_descriptors
+
+    try:
+        module = cpu_replay.cudagraph_module()
+        compat.manager_class(module)
+        platform_note = compat.platform_name()
+        compat.check_platform()
+    except Exception as exc:
+        print(f"would patch: no ({type(exc).__name__}: {exc}); vLLM is left untouched")
+        return 1
+    print(f"would patch: yes ({compat.CUDAGRAPH_MODULE}.{compat.MANAGER_CLASS}; platform "
+          f"'{platform_note}')")  # fmt: skip
+
+    cfg = cpu_replay.ReplayConfig(
+        mode=args.mode, sizes=cpu_replay.DEFAULT_SIZES if args.max_size == 512 else
+        (1, 2, 4, *range(8, min(args.max_size + 1, 256), 8), *range(256, args.max_size + 1, 16)),
+        max_num_seqs=args.max_num_seqs, hidden_size=args.hidden_size,
+    )  # fmt: skip
+    order = Settings(order=args.order)
+
+    def reorder(descs: list[Any]) -> list[Any]:
+        return order_descriptors(order, "replay", descs)
+
+    with _plugin_env(**{ENV_ORDER: "descending", ENV_PRESIZE: "on"}):
+        stock_default = cpu_replay.replay(cfg, patched=False)
+        patched_default = cpu_replay.replay(cfg, patched=True)
+        stock = cpu_replay.replay(cfg, patched=False, reorder=reorder)
+        patched = cpu_replay.replay(cfg, patched=True, reorder=reorder)
+    print()
+    print(f"capture plan (real {compat.MANAGER_CLASS} built on CPU; {cfg.mode}, "
+          f"{len(cfg.sizes)} sizes up to {max(cfg.sizes)}, max_num_seqs {cfg.max_num_seqs}, "
+          f"hidden {cfg.hidden_size} {str(cfg.dtype).removeprefix('torch.')}):")  # fmt: skip
+    for mode, tokens in stock_default.sequence.items():
+        print(f"  {mode:<10} {len(tokens):>3} descriptors, num_tokens {_shorten(tokens)}")
+    print(f"  capacity   {stock_default.capacity} rows")
+    print(f"  staging    {_buffers(patched_default.buffers)}")
+    print()
+    print(f"capture staging replayed under order '{args.order}':")
+    for mode, tokens in stock.sequence.items():
+        print(f"  {mode:<10} num_tokens {_shorten(tokens)}")
+    print(f"  stock    {'OK' if stock.ok else 'CRASH'}: {stock.error or _buffers(stock.buffers)}")
+    print(f"  patched  {'OK' if patched.ok else 'CRASH'}: {patched.error or _buffers(patched.buffers)}")
+    identical = stock_default.ok and stock_default.buffers == patched_default.buffers
+    print(f"under vLLM's own order (descending): stock and patched buffers identical in shape, dtype "
+          f"and bytes: {'yes' if identical else 'NO'}")  # fmt: skip
+    patched_full = patched.ok and all(b["rows"] >= patched.capacity for b in patched.buffers.values())
+    return 0 if identical and patched_full else 1
+
+
+def report_command(args: argparse.Namespace) -> int:
+    from .report import report
+
+    print(report(Path(args.directory), Path(args.plot) if args.plot else None))
+    if args.plot:
+        print(f"plot written to {args.plot}")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="vllm-staging-plugin", description=__doc__)
+    parser.add_argument("--version", action="version", version=__version__)
+    sub = parser.add_subparsers(dest="command")
+    chk = sub.add_parser("check", help="(default) inspect vLLM and replay capture staging on CPU")
+    chk.add_argument("--order", default="ascending", help="order to replay (default: ascending)")
+    chk.add_argument("--mode", default="FULL_AND_PIECEWISE", help="cudagraph mode")
+    chk.add_argument("--max-size", type=int, default=512, help="largest capture size")
+    chk.add_argument("--max-num-seqs", type=int, default=128)
+    chk.add_argument("--hidden-size", type=int, default=4096)
+    rep = sub.add_parser("report", help="compare receipts per configuration and order policy")
+    rep.add_argument("directory")
+    rep.add_argument("--plot", metavar="FILE.png", help="also draw the comparison (needs [plot])")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    words = list(sys.argv[1:] if argv is None else argv)
+    if not words or (words[0].startswith("-") and words[0] not in ("-h", "--help", "--version")):
+        words.insert(0, "check")  # the default command takes its options without naming it
+    args = build_parser().parse_args(words)
+    if args.command == "report":
+        return report_command(args)
+    return check(args)

@@ -1,0 +1,152 @@
+"""Compare capture orders from a directory of receipts: N, median/min/max, ratio to descending."""
+
+from __future__ import annotations
+
+import statistics
+from collections import defaultdict
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from .receipts import read_receipts
+
+MIB = 1024 * 1024
+METRICS = (
+    ("graph_pool_reserved_bytes", "pool MiB", MIB),
+    ("graph_memory_bytes", "took MiB", MIB),
+    ("capture_seconds", "capture s", 1),
+)
+
+
+@dataclass(frozen=True)
+class Stat:
+    median: float
+    low: float
+    high: float
+
+
+@dataclass
+class Row:
+    config: str
+    arm: str  # "plugin" (pre-sized) or "stock" (vLLM's lazy staging)
+    policy: str
+    n: int
+    ok: int
+    stats: dict[str, Stat | None]
+    ratios: dict[str, float | None]
+
+
+def config_label(receipt: dict[str, Any]) -> str:
+    sizes = receipt.get("capture_sizes") or []
+    return (
+        f"{receipt.get('architecture')} h={receipt.get('hidden_size')} "
+        f"{receipt.get('cudagraph_mode')} {len(sizes)} sizes<= {max(sizes, default=0)} "
+        f"vllm {receipt.get('vllm_version')} on {receipt.get('gpu_name') or 'cpu'}"
+    )
+
+
+def arm(receipt: dict[str, Any]) -> str:
+    return "plugin" if receipt.get("presize", "on") == "on" else "stock"
+
+
+def _stat(values: Sequence[float]) -> Stat | None:
+    return Stat(statistics.median(values), min(values), max(values)) if values else None
+
+
+def summarize(receipts: Iterable[dict[str, Any]]) -> list[Row]:
+    """Rows per (configuration, arm, policy) over real-capture receipts (profiling ones are skipped)."""
+    groups: dict[tuple[str, str, str], list[dict[str, Any]]] = defaultdict(list)
+    for r in receipts:
+        if r.get("kind") == "capture":
+            groups[(config_label(r), arm(r), str(r["policy"]))].append(r)
+    rows = []
+    for (config, side, policy), items in groups.items():
+        good = [r for r in items if r.get("ok")]
+        stats = {key: _stat([float(r[key]) for r in good if r.get(key) is not None]) for key, _, _ in METRICS}
+        rows.append(Row(config, side, policy, len(items), len(good), stats, {}))
+    for row in rows:
+        base = _baseline(rows, row.config)
+        for key, _, _ in METRICS:
+            mine, ref = row.stats.get(key), base.stats.get(key) if base else None
+            row.ratios[key] = mine.median / ref.median if mine and ref and ref.median else None
+    order = {"descending": 0, "ascending": 1, "max-first": 2}
+    return sorted(rows, key=lambda r: (r.config, r.arm != "stock", order.get(r.policy, 3), r.policy))
+
+
+def _baseline(rows: list[Row], config: str) -> Row | None:
+    """Stock descending when the directory has it, else the plugin's descending."""
+    for side in ("stock", "plugin"):
+        for row in rows:
+            if (row.config, row.arm, row.policy, row.ok > 0) == (config, side, "descending", True):
+                return row
+    return None
+
+
+def _fmt(stat: Stat | None, scale: float) -> str:
+    if stat is None:
+        return "-"
+    return f"{stat.median / scale:.2f} [{stat.low / scale:.2f}-{stat.high / scale:.2f}]"
+
+
+def format_table(rows: list[Row]) -> str:
+    header = ["arm", "policy", "ok/N"]
+    for _, label, _ in METRICS:
+        header += [f"{label} med [min-max]", "x desc"]
+    lines: list[str] = []
+    for config in dict.fromkeys(r.config for r in rows):
+        body = [header]
+        for r in (r for r in rows if r.config == config):
+            cells = [r.arm, r.policy, f"{r.ok}/{r.n}"]
+            for key, _, scale in METRICS:
+                ratio = r.ratios.get(key)
+                cells += [_fmt(r.stats.get(key), scale), f"{ratio:.2f}" if ratio else "-"]
+            body.append(cells)
+        widths = [max(len(row[i]) for row in body) for i in range(len(header))]
+        lines.append(f"## {config}")
+        lines += ["  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() for row in body]
+        lines.append("")
+    lines.append("x desc: ratio of medians to stock descending (plugin descending if no stock run).")
+    return "\n".join(lines)
+
+
+def plot(rows: list[Row], path: Path) -> None:
+    """Bar chart of median (min-max whiskers) per arm and policy, one panel per metric."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError as exc:
+        raise SystemExit("--plot needs matplotlib: pip install 'vllm-staging-plugin[plot]'") from exc
+    configs = list(dict.fromkeys(r.config for r in rows))
+    fig, axes = plt.subplots(
+        len(configs), len(METRICS), figsize=(5 * len(METRICS), 3.2 * len(configs)), squeeze=False
+    )
+    for i, config in enumerate(configs):
+        mine = [r for r in rows if r.config == config]
+        labels = [f"{r.arm}\n{r.policy}" for r in mine]
+        for j, (key, label, scale) in enumerate(METRICS):
+            ax = axes[i][j]
+            stats = [r.stats.get(key) for r in mine]
+            med = [s.median / scale if s else 0 for s in stats]
+            err = [
+                [(s.median - s.low) / scale if s else 0 for s in stats],
+                [(s.high - s.median) / scale if s else 0 for s in stats],
+            ]
+            colors = ["tab:gray" if r.arm == "stock" else "tab:blue" for r in mine]
+            ax.bar(range(len(mine)), med, yerr=err, color=colors, capsize=3)
+            ax.set_xticks(range(len(mine)), labels, fontsize=7)
+            ax.set_title(f"{label}\n{config}" if j == 0 else label, fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def report(directory: Path, plot_path: Path | None = None) -> str:
+    rows = summarize(read_receipts(directory))
+    if not rows:
+        return f"no capture receipts in {directory}"
+    if plot_path is not None:
+        plot(rows, plot_path)
+    return format_table(rows)
