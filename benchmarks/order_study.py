@@ -3,8 +3,8 @@
 Each boot is a fresh ``python order_study.py boot`` process running ``vllm.LLM`` with vLLM's default
 multiprocess engine; the plugin reaches the engine-core process only through its entry point, selected
 with VLLM_PLUGINS. Arms:
-  plugin: VLLM_STAGING_PRESIZE=on (the shipped behaviour)
-  stock:  VLLM_STAGING_PRESIZE=off-allow-crash: vLLM's own lazy staging; the plugin only applies the
+  plugin: STAGING_PLUGIN_PRESIZE=on (the shipped behaviour)
+  stock:  STAGING_PLUGIN_PRESIZE=off-allow-crash: vLLM's own lazy staging; the plugin only applies the
           order and writes the receipt (outside the timed capture window)
 Boots are interleaved round-robin (round, model, order, arm) so drift falls on every cell alike.
 
@@ -16,9 +16,11 @@ Boots are interleaved round-robin (round, model, order, arm) so drift falls on e
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 import time
@@ -43,8 +45,24 @@ ARMS = {"stock": "off-allow-crash", "plugin": "on"}
 ORDERS = ("descending", "ascending", "max-first", "shuffle:1")
 PROMPTS = [list(range(100, 116)), list(range(2000, 2012))]
 CRASH = "must match the existing size"
+PROFILE_AND_REAL = "profiling pass first, real capture last"
 CAPTURE_LINE = re.compile(r"Graph capturing finished in ([\d.]+) secs?, took ([\d.]+) GiB")
 POOL_LINE = re.compile(r"CUDA graph pool memory: ([\d.]+) GiB \(actual\), ([\d.]+) GiB \(estimated\)")
+
+
+def wait_for_gpu_memory(limit_mib: int = 2048, timeout: float = 90.0) -> None:
+    """Block until the last boot's memory is back, so no boot starts on a partly taken GPU."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        query = ["nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader,nounits"]
+        try:
+            used = int(subprocess.run(query, capture_output=True, text=True, check=True).stdout.split()[0])
+        except (OSError, ValueError, IndexError, subprocess.CalledProcessError):
+            return
+        if used < limit_mib:
+            return
+        time.sleep(1.0)
+    print(f"warning: GPU memory still in use after {timeout:.0f}s")
 
 
 def model_dir(root: Path, name: str) -> Path:
@@ -63,7 +81,7 @@ def boot(args: argparse.Namespace) -> int:
 
         llm = LLM(
             model=args.model_dir, load_format="dummy", skip_tokenizer_init=True, seed=0,
-            max_model_len=1024, gpu_memory_utilization=0.5, attention_backend="TRITON_ATTN",
+            max_model_len=1024, gpu_memory_utilization=0.3, attention_backend="TRITON_ATTN",
         )  # fmt: skip
         record["boot_seconds"] = round(time.perf_counter() - started, 2)
         params = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True, detokenize=False)
@@ -74,7 +92,7 @@ def boot(args: argparse.Namespace) -> int:
         record["error"] = f"{type(exc).__name__}: {exc}"[:500]
         record["boot_seconds"] = round(time.perf_counter() - started, 2)
     Path(args.record).write_text(json.dumps(record))
-    os._exit(0)  # do not wait on engine shutdown edge cases; the record is written
+    os._exit(0)  # the parent ends the engine-core process group; the record is written
 
 
 def run(args: argparse.Namespace) -> int:
@@ -94,8 +112,8 @@ def run(args: argparse.Namespace) -> int:
         boot_id = f"r{rnd}-{model}-{order.replace(':', '')}-{arm}"
         receipts = out / "receipts" / boot_id
         env = os.environ | {
-            "VLLM_PLUGINS": "vllm_staging_plugin", "VLLM_STAGING_PRESIZE": ARMS[arm],
-            "VLLM_STAGING_ORDER": order, "VLLM_STAGING_RECEIPTS_DIR": str(receipts),
+            "VLLM_PLUGINS": "vllm_staging_plugin", "STAGING_PLUGIN_PRESIZE": ARMS[arm],
+            "STAGING_PLUGIN_ORDER": order, "STAGING_PLUGIN_RECEIPTS_DIR": str(receipts),
             "VLLM_USE_V2_MODEL_RUNNER": "1", "VLLM_USE_FLASHINFER_SAMPLER": "0", "PYTHONUNBUFFERED": "1",
         }  # fmt: skip
         record_path = out / "boots" / f"{boot_id}.json"
@@ -103,10 +121,16 @@ def run(args: argparse.Namespace) -> int:
         with open(out / "logs" / f"{boot_id}.log", "w") as log:
             cmd = [sys.executable, __file__, "boot", "--model", model, "--model-dir", str(dirs[model]),
                    "--order", order, "--arm", arm, "--record", str(record_path)]  # fmt: skip
+            child = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
             try:
-                subprocess.run(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, timeout=args.boot_timeout)
+                child.wait(timeout=args.boot_timeout)
             except subprocess.TimeoutExpired:
                 pass
+            finally:  # the engine-core process outlives its front end: end the whole group
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(child.pid, signal.SIGKILL)
+                child.wait()
+        wait_for_gpu_memory()
         wall = time.monotonic() - t0
         longest = max(longest, wall)
         record = json.loads(record_path.read_text()) if record_path.exists() else {"ok": False}
@@ -115,8 +139,10 @@ def run(args: argparse.Namespace) -> int:
             boot_id=boot_id, round=rnd, model=model, order=order, arm=arm, wall_seconds=round(wall, 1)
         )
         record["staging_crash"] = CRASH in text
-        if m := CAPTURE_LINE.search(text):
-            record["vllm_capture_seconds"], record["vllm_took_gib"] = float(m[1]), float(m[2])
+        lines = CAPTURE_LINE.findall(text)  # PROFILE_AND_REAL
+        if len(lines) >= 2:
+            record["vllm_profiling_capture_seconds"], record["vllm_profiling_took_gib"] = map(float, lines[0])
+            record["vllm_capture_seconds"], record["vllm_took_gib"] = map(float, lines[-1])
         if m := POOL_LINE.search(text):
             record["vllm_actual_gib"], record["vllm_estimated_gib"] = float(m[1]), float(m[2])
         record_path.write_text(json.dumps(record, indent=1))

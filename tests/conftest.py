@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-PLUGIN_ENV = [k for k in os.environ if k.startswith("VLLM_STAGING")]
+PLUGIN_ENV = [k for k in os.environ if k.startswith("STAGING_PLUGIN")]
 
 
 class Records(logging.Handler):
@@ -34,7 +34,7 @@ class Records(logging.Handler):
 def clean_plugin_state(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     """Every test starts with no plugin variables set and a fresh one-warning-per-process budget."""
     for key in list(os.environ):
-        if key.startswith("VLLM_STAGING"):
+        if key.startswith("STAGING_PLUGIN"):
             monkeypatch.delenv(key)
     from vllm_staging_plugin import patch
 

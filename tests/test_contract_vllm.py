@@ -128,7 +128,7 @@ def test_register_patches_real_class_and_logs_capacity(plugin_log: Any) -> None:
 
 
 def test_order_policy_reorders_the_real_capture(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("VLLM_STAGING_ORDER", "ascending")
+    monkeypatch.setenv("STAGING_PLUGIN_ORDER", "ascending")
     result = _drive(QWEN3_8B)
     assert result.ok and rows(result) == {"hidden_states": 512}
     captured = result.forwards[::2]  # warm-up and capture pass per descriptor
@@ -138,8 +138,8 @@ def test_order_policy_reorders_the_real_capture(monkeypatch: pytest.MonkeyPatch)
 
 
 def test_profiling_pass_keeps_vllms_order(monkeypatch: pytest.MonkeyPatch, tmp_path: Any) -> None:
-    monkeypatch.setenv("VLLM_STAGING_ORDER", "ascending")
-    monkeypatch.setenv("VLLM_STAGING_RECEIPTS_DIR", str(tmp_path))
+    monkeypatch.setenv("STAGING_PLUGIN_ORDER", "ascending")
+    monkeypatch.setenv("STAGING_PLUGIN_RECEIPTS_DIR", str(tmp_path))
     result = _drive(QWEN3_8B, _max_full_descs_to_capture=2)
     assert result.ok
     assert result.forwards[::2][:51] == sorted(QWEN3_8B.sizes, reverse=True)  # not reordered
@@ -151,8 +151,8 @@ def test_profiling_pass_keeps_vllms_order(monkeypatch: pytest.MonkeyPatch, tmp_p
 
 
 def test_receipt_of_a_real_capture(monkeypatch: pytest.MonkeyPatch, tmp_path: Any) -> None:
-    monkeypatch.setenv("VLLM_STAGING_ORDER", "shuffle:1")
-    monkeypatch.setenv("VLLM_STAGING_RECEIPTS_DIR", str(tmp_path))
+    monkeypatch.setenv("STAGING_PLUGIN_ORDER", "shuffle:1")
+    monkeypatch.setenv("STAGING_PLUGIN_RECEIPTS_DIR", str(tmp_path))
     assert _drive(QWEN3_8B).ok
     (path,) = tmp_path.glob("receipt-capture-*.json")
     receipt = json.loads(path.read_text())
@@ -166,9 +166,9 @@ def test_receipt_of_a_real_capture(monkeypatch: pytest.MonkeyPatch, tmp_path: An
 
 
 def test_stock_staging_reproduces_the_crash_on_purpose(monkeypatch: pytest.MonkeyPatch, tmp_path: Any) -> None:
-    monkeypatch.setenv("VLLM_STAGING_PRESIZE", "off-allow-crash")
-    monkeypatch.setenv("VLLM_STAGING_ORDER", "ascending")
-    monkeypatch.setenv("VLLM_STAGING_RECEIPTS_DIR", str(tmp_path))
+    monkeypatch.setenv("STAGING_PLUGIN_PRESIZE", "off-allow-crash")
+    monkeypatch.setenv("STAGING_PLUGIN_ORDER", "ascending")
+    monkeypatch.setenv("STAGING_PLUGIN_RECEIPTS_DIR", str(tmp_path))
     vllm_staging_plugin.register()
     with cpu_replay.cpu_stubs(QWEN3_8B):
         manager = cpu_replay.build_manager(QWEN3_8B)
@@ -184,14 +184,14 @@ def test_bad_order_fails_manager_construction_before_anything_is_built(
 ) -> None:
     from vllm_staging_plugin.settings import ConfigError
 
-    monkeypatch.setenv("VLLM_STAGING_ORDER", "fastest")
+    monkeypatch.setenv("STAGING_PLUGIN_ORDER", "fastest")
     vllm_staging_plugin.register()  # never raises
     module = cpu_replay.cudagraph_module()
     candidates = mocker.spy(module.CudaGraphManager, "_init_candidates")  # run by vLLM's __init__
-    with cpu_replay.cpu_stubs(QWEN3_8B), pytest.raises(ConfigError, match="VLLM_STAGING_ORDER='fastest'"):
+    with cpu_replay.cpu_stubs(QWEN3_8B), pytest.raises(ConfigError, match="STAGING_PLUGIN_ORDER='fastest'"):
         cpu_replay.build_manager(QWEN3_8B)
     assert candidates.call_count == 0
     with cpu_replay.cpu_stubs(QWEN3_8B):  # the spy does see a construction
-        monkeypatch.setenv("VLLM_STAGING_ORDER", "descending")
+        monkeypatch.setenv("STAGING_PLUGIN_ORDER", "descending")
         cpu_replay.build_manager(QWEN3_8B)
     assert candidates.call_count == 1

@@ -45,7 +45,7 @@ print("RESULT:" + json.dumps({
 
 
 def run(code: str, env: dict[str, str], extra_path: Path | None = None) -> dict[str, Any]:
-    full_env = {k: v for k, v in os.environ.items() if not k.startswith(("VLLM_STAGING", "VLLM_PLUGINS"))}
+    full_env = {k: v for k, v in os.environ.items() if not k.startswith(("STAGING_PLUGIN", "VLLM_PLUGINS"))}
     full_env.update(env)
     if extra_path is not None:
         full_env["PYTHONPATH"] = os.pathsep.join([str(extra_path), full_env.get("PYTHONPATH", "")])
@@ -103,9 +103,9 @@ def test_third_party_policy_through_entry_point(tmp_path: Path) -> None:
     (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: my-policies\nVersion: 1.0\n")
     (dist / "entry_points.txt").write_text("[vllm_staging_plugin.order_policies]\nmine = my_policies\n")
     env = {"VLLM_PLUGINS": "vllm_staging_plugin"}
-    overridden = run(BOOT, env | {"VLLM_STAGING_ORDER": "max-first"}, tmp_path)
+    overridden = run(BOOT, env | {"STAGING_PLUGIN_ORDER": "max-first"}, tmp_path)
     assert overridden["ok"] and overridden["forwards"][:3] == [512, 496, 480]  # the override ran
-    evens = run(BOOT, env | {"VLLM_STAGING_ORDER": "evens-first"}, tmp_path)
+    evens = run(BOOT, env | {"STAGING_PLUGIN_ORDER": "evens-first"}, tmp_path)
     assert evens["ok"] and evens["rows"] == {"hidden_states": 512}
     piecewise = evens["forwards"][:51]
     assert piecewise[-1] == 1 and all(n % 2 == 0 for n in piecewise[:50])
@@ -126,7 +126,7 @@ print("RESULT:" + json.dumps({m.name: [(d.num_tokens, d.num_active_loras) for d 
 
 def test_shuffle_is_identical_across_processes_and_ranks() -> None:
     runs = [
-        run(SHUFFLE, {"VLLM_STAGING_ORDER": "shuffle:7", "RANK": str(rank), "PYTHONHASHSEED": str(seed)})
+        run(SHUFFLE, {"STAGING_PLUGIN_ORDER": "shuffle:7", "RANK": str(rank), "PYTHONHASHSEED": str(seed)})
         for rank, seed in ((0, 1), (1, 99))
     ]
     for r in runs:

@@ -90,7 +90,7 @@ def test_nothing_to_capture_allocates_nothing(fake_module: Any) -> None:
 
 
 def test_kill_switch_leaves_vllm_untouched(fake_module: Any, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("VLLM_STAGING_PLUGIN_DISABLE", "1")
+    monkeypatch.setenv("STAGING_PLUGIN_DISABLE", "1")
     vllm_staging_plugin.register()
     assert not patch.is_patched(fake_module.ModelCudaGraphManager)
 
@@ -177,9 +177,9 @@ def test_order_requested_but_not_applied_is_said(
     monkeypatch: pytest.MonkeyPatch, plugin_log: Any
 ) -> None:
     monkeypatch.setitem(sys.modules, MODULE, make_module(None))
-    monkeypatch.setenv("VLLM_STAGING_ORDER", "ascending")
+    monkeypatch.setenv("STAGING_PLUGIN_ORDER", "ascending")
     vllm_staging_plugin.register()
-    assert "VLLM_STAGING_ORDER=ascending is NOT applied" in plugin_log.warnings[0]
+    assert "STAGING_PLUGIN_ORDER=ascending is NOT applied" in plugin_log.warnings[0]
 
 
 # ---- strict mode ------------------------------------------------------------------------------
@@ -190,14 +190,14 @@ def test_strict_mode_raises_clearly(fault: str, monkeypatch: pytest.MonkeyPatch)
     module = FAULTS[fault]()
     monkeypatch.setitem(sys.modules, MODULE, module)
     monkeypatch.setattr(compat, "platform_name", lambda: "cuda")
-    monkeypatch.setenv("VLLM_STAGING_PLUGIN_STRICT", "1")
+    monkeypatch.setenv("STAGING_PLUGIN_STRICT", "1")
     with pytest.raises(compat.IncompatibleVllm, match=r"vllm-staging-plugin \(strict mode\)"):
         vllm_staging_plugin.register()
         build(module.ModelCudaGraphManager)
 
 
 def test_strict_allocation_failure_raises(fake_module: Any, mocker: Any, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("VLLM_STAGING_PLUGIN_STRICT", "1")
+    monkeypatch.setenv("STAGING_PLUGIN_STRICT", "1")
     vllm_staging_plugin.register()
     mocker.patch.object(patch, "presized", side_effect=RuntimeError("boom"))
     manager = build(fake_module.ModelCudaGraphManager)

@@ -37,12 +37,12 @@ def test_staging_bytes() -> None:
 @pytest.mark.parametrize(
     ("env", "message"),
     [
-        ({"VLLM_STAGING_PLUGIN_DISABLE": "maybe"}, "VLLM_STAGING_PLUGIN_DISABLE='maybe' is not a boolean; allowed"),
-        ({"VLLM_STAGING_PLUGIN_STRICT": "2"}, "VLLM_STAGING_PLUGIN_STRICT='2' is not a boolean"),
-        ({"VLLM_STAGING_PRESIZE": "half"}, "VLLM_STAGING_PRESIZE='half'; allowed values: on, off, off-allow-crash"),
+        ({"STAGING_PLUGIN_DISABLE": "maybe"}, "STAGING_PLUGIN_DISABLE='maybe' is not a boolean; allowed"),
+        ({"STAGING_PLUGIN_STRICT": "2"}, "STAGING_PLUGIN_STRICT='2' is not a boolean"),
+        ({"STAGING_PLUGIN_PRESIZE": "half"}, "STAGING_PLUGIN_PRESIZE='half'; allowed values: on, off, off-allow-crash"),
         (
-            {"VLLM_STAGING_PRESIZE": "off", "VLLM_STAGING_ORDER": "ascending"},
-            "VLLM_STAGING_ORDER='ascending' needs pre-sizing (VLLM_STAGING_PRESIZE=on)",
+            {"STAGING_PLUGIN_PRESIZE": "off", "STAGING_PLUGIN_ORDER": "ascending"},
+            "STAGING_PLUGIN_ORDER='ascending' needs pre-sizing (STAGING_PLUGIN_PRESIZE=on)",
         ),
     ],
 )
@@ -54,9 +54,9 @@ def test_bad_configuration_names_variable_and_allowed_values(env: dict[str, str]
 
 def test_defaults() -> None:
     assert read_settings({}) == Settings()
-    s = read_settings({"VLLM_STAGING_ORDER": "shuffle:3", "VLLM_STAGING_PRESIZE": "0"} | {"VLLM_STAGING_ORDER": "descending"})
+    s = read_settings({"STAGING_PLUGIN_ORDER": "shuffle:3", "STAGING_PLUGIN_PRESIZE": "0"} | {"STAGING_PLUGIN_ORDER": "descending"})
     assert s.presize == "off" and s.order == "descending"
-    crash = read_settings({"VLLM_STAGING_PRESIZE": "off-allow-crash", "VLLM_STAGING_ORDER": "shuffle:3"})
+    crash = read_settings({"STAGING_PLUGIN_PRESIZE": "off-allow-crash", "STAGING_PLUGIN_ORDER": "shuffle:3"})
     assert (crash.order_name, crash.order_argument) == ("shuffle", "3")
 
 
@@ -72,7 +72,7 @@ def test_defaults() -> None:
 def test_bad_order_fails_with_variable_and_allowed_values(order: str, message: str) -> None:
     with pytest.raises(ConfigError) as info:
         validate_order(Settings(order=order))
-    assert f"VLLM_STAGING_ORDER='{order}'" in str(info.value) and message in str(info.value)
+    assert f"STAGING_PLUGIN_ORDER='{order}'" in str(info.value) and message in str(info.value)
 
 
 def test_builtin_policies_on_fake_descriptors() -> None:

@@ -29,7 +29,7 @@ def register() -> None:
         if settings is not None and settings.disabled:
             if settings.order != "descending":
                 logger.warning(
-                    "vllm-staging-plugin is disabled (VLLM_STAGING_PLUGIN_DISABLE); %s=%s is ignored "
+                    "vllm-staging-plugin is disabled (STAGING_PLUGIN_DISABLE); %s=%s is ignored "
                     "and vLLM captures in its own descending order",
                     ENV_ORDER,
                     settings.order,

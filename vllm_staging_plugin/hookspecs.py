@@ -30,5 +30,5 @@ def staging_capture_order(  # type: ignore[empty-body]
     """Return ``descriptors`` (one mode's list, in vLLM's descending order) in capture order.
 
     Return None when ``policy`` is not yours. Raise ValueError for a bad ``argument``; it is
-    reported against ``VLLM_STAGING_ORDER``. The result must be a permutation of ``descriptors``.
+    reported against ``STAGING_PLUGIN_ORDER``. The result must be a permutation of ``descriptors``.
     """

@@ -2,6 +2,9 @@
 
 Read per manager construction (cheap) rather than cached at import, so a process that changes its
 environment before building the engine is honoured. Never imports vLLM or torch.
+
+The prefix is ``STAGING_PLUGIN_``, not ``VLLM_``: vLLM's ``Platform.validate_environ`` warns about every
+unknown ``VLLM_*`` variable and, in its hard-fail mode, refuses to start.
 """
 
 from __future__ import annotations
@@ -11,11 +14,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-ENV_DISABLE = "VLLM_STAGING_PLUGIN_DISABLE"
-ENV_STRICT = "VLLM_STAGING_PLUGIN_STRICT"
-ENV_ORDER = "VLLM_STAGING_ORDER"
-ENV_RECEIPTS_DIR = "VLLM_STAGING_RECEIPTS_DIR"
-ENV_PRESIZE = "VLLM_STAGING_PRESIZE"
+ENV_DISABLE = "STAGING_PLUGIN_DISABLE"
+ENV_STRICT = "STAGING_PLUGIN_STRICT"
+ENV_ORDER = "STAGING_PLUGIN_ORDER"
+ENV_RECEIPTS_DIR = "STAGING_PLUGIN_RECEIPTS_DIR"
+ENV_PRESIZE = "STAGING_PLUGIN_PRESIZE"
 
 _TRUE = ("1", "true", "yes", "on")
 _FALSE = ("", "0", "false", "no", "off")
