@@ -21,6 +21,7 @@ import json
 import os
 import re
 import signal
+import statistics
 import subprocess
 import sys
 import time
@@ -121,7 +122,9 @@ def run(args: argparse.Namespace) -> int:
         with open(out / "logs" / f"{boot_id}.log", "w") as log:
             cmd = [sys.executable, __file__, "boot", "--model", model, "--model-dir", str(dirs[model]),
                    "--order", order, "--arm", arm, "--record", str(record_path)]  # fmt: skip
-            child = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+            child = subprocess.Popen(
+                cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+            )
             try:
                 child.wait(timeout=args.boot_timeout)
             except subprocess.TimeoutExpired:
@@ -146,8 +149,9 @@ def run(args: argparse.Namespace) -> int:
         if m := POOL_LINE.search(text):
             record["vllm_actual_gib"], record["vllm_estimated_gib"] = float(m[1]), float(m[2])
         record_path.write_text(json.dumps(record, indent=1))
+        capture, took = record.get("vllm_capture_seconds"), record.get("vllm_took_gib")
         print(f"{boot_id:<40} ok={record['ok']!s:<5} crash={record['staging_crash']!s:<5} "
-              f"wall={wall:5.1f}s capture={record.get('vllm_capture_seconds')} took={record.get('vllm_took_gib')}")  # fmt: skip
+              f"wall={wall:5.1f}s capture={capture} took={took}")  # fmt: skip
     return 0
 
 
@@ -156,32 +160,30 @@ def summarize(args: argparse.Namespace) -> int:
     cells: dict[tuple[str, str, str], list[dict[str, Any]]] = {}
     for b in boots:
         cells.setdefault((b["model"], b["order"], b["arm"]), []).append(b)
-    print(
-        "| model | order | arm | booted/N | staging crash | boot s (median) | vLLM capture s | vLLM took GiB |"
-    )
+    header = ("model", "order", "arm", "booted/N", "staging crash", "boot s (median)", "vLLM capture s")
+    print("| " + " | ".join((*header, "vLLM took GiB")) + " |")
     print("|---|---|---|---|---|---|---|---|")
     for (model, order, arm), items in sorted(cells.items()):
         ok = sum(b["ok"] for b in items)
         crash = sum(b.get("staging_crash", False) for b in items)
-
-        def med(key: str) -> str:
-            vals = sorted(b[key] for b in items if b.get(key) is not None)
-            return f"{vals[len(vals) // 2]:g}" if vals else "-"
-
-        print(f"| {model} | {order} | {arm} | {ok}/{len(items)} | {crash} | {med('boot_seconds')} | "
-              f"{med('vllm_capture_seconds')} | {med('vllm_took_gib')} |")  # fmt: skip
+        medians = " | ".join(
+            _median(items, k) for k in ("boot_seconds", "vllm_capture_seconds", "vllm_took_gib")
+        )
+        print(f"| {model} | {order} | {arm} | {ok}/{len(items)} | {crash} | {medians} |")
     print()
     for model in sorted({b["model"] for b in boots}):
-        tokens = {
-            b["arm"]: b["tokens"]
-            for b in boots
-            if b["model"] == model and b["order"] == "descending" and b.get("tokens")
-        }
-        runs = [b["tokens"] for b in boots if b["model"] == model and b.get("tokens")]
-        same = all(t == runs[0] for t in runs) if runs else None
-        print(f"{model}: descending tokens plugin == stock: {tokens.get('plugin') == tokens.get('stock') if len(tokens) == 2 else 'n/a'}; "
-              f"all {len(runs)} successful boots produced identical tokens: {same}")  # fmt: skip
+        mine = [b for b in boots if b["model"] == model and b.get("tokens")]
+        by_arm = {b["arm"]: b["tokens"] for b in mine if b["order"] == "descending"}
+        pair = by_arm.get("plugin") == by_arm.get("stock") if len(by_arm) == 2 else "n/a"
+        same = all(b["tokens"] == mine[0]["tokens"] for b in mine) if mine else None
+        print(f"{model}: descending tokens plugin == stock: {pair}; "
+              f"all {len(mine)} successful boots produced identical tokens: {same}")  # fmt: skip
     return 0
+
+
+def _median(items: list[dict[str, Any]], key: str) -> str:
+    values = [b[key] for b in items if b.get(key) is not None]
+    return f"{statistics.median(values):g}" if values else "-"
 
 
 def main() -> int:

@@ -81,8 +81,11 @@ def make_module(cls: type | None = FakeManager) -> types.ModuleType:
 
 def fresh_class(**overrides: Any) -> type:
     """A new subclass-free copy of FakeManager (so patching one test's class leaks nowhere)."""
-    return type("ModelCudaGraphManager", (FakeManager,), {"__init__": FakeManager.__init__,
-                                                          "capture": FakeManager.capture, **overrides})
+    return type(
+        "ModelCudaGraphManager",
+        (FakeManager,),
+        {"__init__": FakeManager.__init__, "capture": FakeManager.capture, **overrides},
+    )
 
 
 def config() -> Any:

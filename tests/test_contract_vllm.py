@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import inspect
 import json
 import random
+from importlib.metadata import version
 from typing import Any
 
 import pytest
@@ -15,6 +17,17 @@ from vllm_staging_plugin import compat, cpu_replay, patch
 from vllm_staging_plugin.cpu_replay import ReplayConfig, ascending, replay
 
 pytestmark = pytest.mark.contract
+_CU = cpu_replay.cudagraph_module()
+_INIT_SOURCE = inspect.getsource(_CU.ModelCudaGraphManager.__init__)
+HAS_LORA_CASES = "lora_capture_cases" in inspect.signature(_CU.ModelCudaGraphManager.__init__).parameters
+HAS_INTERMEDIATE = "intermediate_tensors" in _INIT_SOURCE  # staging for non-last PP ranks, 0.19+
+HAS_PROFILING_HOOK = "_max_full_descs_to_capture" in inspect.getsource(_CU.CudaGraphManager.__init__)  # 0.29+
+
+
+def needs(present: bool, what: str) -> Any:
+    return pytest.mark.skipif(not present, reason=f"this vLLM release has no {what}")
+
+
 SHAPE_MISMATCH = "must match the existing size"
 QWEN3_8B = ReplayConfig()  # FULL_AND_PIECEWISE, 51 sizes up to 512, hidden 4096, bf16
 
@@ -38,10 +51,17 @@ def rows(result: cpu_replay.ReplayResult) -> dict[str, int]:
 
 
 def test_real_class_has_the_structure_the_patch_relies_on() -> None:
-    assert compat.manager_class(cpu_replay.cudagraph_module()) is cpu_replay.cudagraph_module().ModelCudaGraphManager
+    assert (
+        compat.manager_class(cpu_replay.cudagraph_module())
+        is cpu_replay.cudagraph_module().ModelCudaGraphManager
+    )
 
 
-@pytest.mark.parametrize("reorder", [ascending, shuffled(1), shuffled(2), shuffled(3)], ids=["ascending", "shuffle1", "shuffle2", "shuffle3"])
+@pytest.mark.parametrize(
+    "reorder",
+    [ascending, shuffled(1), shuffled(2), shuffled(3)],
+    ids=["ascending", "shuffle1", "shuffle2", "shuffle3"],
+)
 def test_stock_crashes_and_patched_holds_capacity(reorder: cpu_replay.Reorder) -> None:
     stock = replay(QWEN3_8B, patched=False, reorder=reorder)
     patched = replay(QWEN3_8B, patched=True, reorder=reorder)
@@ -51,7 +71,11 @@ def test_stock_crashes_and_patched_holds_capacity(reorder: cpu_replay.Reorder) -
     assert patched.ok, patched.error
     assert patched.capacity == 512 and rows(patched) == {"hidden_states": 512}
     # every descriptor ran (warm-up + capture pass), in exactly the order under test
-    assert patched.forwards[::2] == patched.forwards[1::2] == [n for seq in patched.sequence.values() for n in seq]
+    assert (
+        patched.forwards[::2]
+        == patched.forwards[1::2]
+        == [n for seq in patched.sequence.values() for n in seq]
+    )
 
 
 def test_max_first_boots_unpatched_so_only_the_first_descriptor_matters() -> None:
@@ -64,9 +88,13 @@ def test_default_order_is_byte_identical_and_keeps_the_stock_tensor(mocker: Any)
     spy = mocker.spy(patch, "presized")
     patched = replay(QWEN3_8B, patched=True)
     assert stock.ok and patched.ok
-    assert stock.buffers == patched.buffers == {
-        "hidden_states": {"rows": 512, "shape": [512, 4096], "dtype": "bfloat16", "bytes": 512 * 4096 * 2}
-    }
+    assert (
+        stock.buffers
+        == patched.buffers
+        == {
+            "hidden_states": {"rows": 512, "shape": [512, 4096], "dtype": "bfloat16", "bytes": 512 * 4096 * 2}
+        }
+    )
     assert stock.forwards == patched.forwards  # same descriptors, same order
     assert spy.call_count == 1 and spy.spy_return is spy.call_args.args[0]  # vLLM's tensor kept
 
@@ -75,10 +103,16 @@ def test_default_order_is_byte_identical_and_keeps_the_stock_tensor(mocker: Any)
     "cfg",
     [
         ReplayConfig(aux_layers=3, hidden_size=1024),
-        ReplayConfig(last_pp_rank=False, hidden_size=1024),
+        pytest.param(
+            ReplayConfig(last_pp_rank=False, hidden_size=1024),
+            marks=needs(HAS_INTERMEDIATE, "intermediate_tensors"),
+        ),
         ReplayConfig(mode="FULL", max_num_seqs=256),
         ReplayConfig(mode="PIECEWISE"),
-        ReplayConfig(lora_capture_cases=[0, 1], hidden_size=256),
+        pytest.param(
+            ReplayConfig(lora_capture_cases=[0, 1], hidden_size=256),
+            marks=needs(HAS_LORA_CASES, "lora_capture_cases"),
+        ),
     ],
     ids=["eagle3-aux", "pp-non-last-rank", "full-only", "piecewise-only", "lora-cases"],
 )
@@ -87,11 +121,17 @@ def test_every_staging_path(cfg: ReplayConfig) -> None:
     patched = replay(cfg, patched=True, reorder=ascending)
     assert not stock.ok and SHAPE_MISMATCH in (stock.error or "")
     assert patched.ok, patched.error
-    expected = {"hidden_states"} if cfg.last_pp_rank else {f"intermediate_tensors[{k}]" for k in cfg.intermediate_keys}
+    expected = (
+        {"hidden_states"}
+        if cfg.last_pp_rank
+        else {f"intermediate_tensors[{k}]" for k in cfg.intermediate_keys}
+    )
     expected |= {f"aux_hidden_states[{i}]" for i in range(cfg.aux_layers)}
     assert set(rows(patched)) == expected
     assert set(rows(patched).values()) == {patched.capacity}
-    assert all(b["dtype"] == "bfloat16" and b["shape"][1:] == [cfg.hidden_size] for b in patched.buffers.values())
+    assert all(
+        b["dtype"] == "bfloat16" and b["shape"][1:] == [cfg.hidden_size] for b in patched.buffers.values()
+    )
     stock_default, patched_default = replay(cfg, patched=False), replay(cfg, patched=True)
     assert stock_default.ok and stock_default.buffers == patched_default.buffers
 
@@ -137,6 +177,7 @@ def test_order_policy_reorders_the_real_capture(monkeypatch: pytest.MonkeyPatch)
     assert result.sequence["PIECEWISE"][0] == 512  # vLLM's own lists are restored afterwards
 
 
+@needs(HAS_PROFILING_HOOK, "CUDA-graph memory profiling pass")
 def test_profiling_pass_keeps_vllms_order(monkeypatch: pytest.MonkeyPatch, tmp_path: Any) -> None:
     monkeypatch.setenv("STAGING_PLUGIN_ORDER", "ascending")
     monkeypatch.setenv("STAGING_PLUGIN_RECEIPTS_DIR", str(tmp_path))
@@ -157,7 +198,7 @@ def test_receipt_of_a_real_capture(monkeypatch: pytest.MonkeyPatch, tmp_path: An
     (path,) = tmp_path.glob("receipt-capture-*.json")
     receipt = json.loads(path.read_text())
     assert receipt["ok"] and receipt["policy"] == "shuffle:1" and receipt["presize"] == "on"
-    assert receipt["capacity"] == 512 and receipt["vllm_version"] == "0.33.0"
+    assert receipt["capacity"] == 512 and receipt["vllm_version"] == version("vllm")
     assert receipt["cudagraph_mode"] == "FULL_AND_PIECEWISE" and len(receipt["capture_sizes"]) == 51
     assert sorted(receipt["captured_sequence"]["PIECEWISE"]) == sorted(QWEN3_8B.sizes)
     assert receipt["captured_sequence"]["PIECEWISE"] != sorted(QWEN3_8B.sizes, reverse=True)
@@ -165,7 +206,9 @@ def test_receipt_of_a_real_capture(monkeypatch: pytest.MonkeyPatch, tmp_path: An
     assert receipt["capture_seconds"] > 0
 
 
-def test_stock_staging_reproduces_the_crash_on_purpose(monkeypatch: pytest.MonkeyPatch, tmp_path: Any) -> None:
+def test_stock_staging_reproduces_the_crash_on_purpose(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Any
+) -> None:
     monkeypatch.setenv("STAGING_PLUGIN_PRESIZE", "off-allow-crash")
     monkeypatch.setenv("STAGING_PLUGIN_ORDER", "ascending")
     monkeypatch.setenv("STAGING_PLUGIN_RECEIPTS_DIR", str(tmp_path))
@@ -176,7 +219,11 @@ def test_stock_staging_reproduces_the_crash_on_purpose(monkeypatch: pytest.Monke
         result = cpu_replay.run_capture(manager, QWEN3_8B)
     assert not result.ok and SHAPE_MISMATCH in (result.error or "")
     (receipt,) = [json.loads(p.read_text()) for p in tmp_path.glob("receipt-*.json")]
-    assert receipt["ok"] is False and SHAPE_MISMATCH in receipt["error"] and receipt["presize"] == "off-allow-crash"
+    assert (
+        receipt["ok"] is False
+        and SHAPE_MISMATCH in receipt["error"]
+        and receipt["presize"] == "off-allow-crash"
+    )
 
 
 def test_bad_order_fails_manager_construction_before_anything_is_built(

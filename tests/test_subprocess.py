@@ -50,7 +50,11 @@ def run(code: str, env: dict[str, str], extra_path: Path | None = None) -> dict[
     if extra_path is not None:
         full_env["PYTHONPATH"] = os.pathsep.join([str(extra_path), full_env.get("PYTHONPATH", "")])
     proc = subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(code)], env=full_env, capture_output=True, text=True, timeout=300
+        [sys.executable, "-c", textwrap.dedent(code)],
+        env=full_env,
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT:")]
     assert proc.returncode == 0 and lines, proc.stdout[-3000:] + proc.stderr[-3000:]
@@ -79,7 +83,7 @@ def test_vllm_plugins_naming_another_plugin_leaves_vllm_stock() -> None:
     assert not result["ok"] and "must match the existing size" in result["error"]
 
 
-THIRD_PARTY = '''
+THIRD_PARTY = """
 from vllm_staging_plugin.hookspecs import hookimpl
 
 @hookimpl
@@ -91,9 +95,10 @@ def staging_capture_order(policy, argument, mode, descriptors):
     if policy == "max-first":  # overrides the built-in: the largest, then DEScending (vLLM's order)
         return list(descriptors)
     if policy == "evens-first":
-        return [d for d in descriptors if d.num_tokens % 2 == 0] + [d for d in descriptors if d.num_tokens % 2]
+        evens = [d for d in descriptors if d.num_tokens % 2 == 0]
+        return evens + [d for d in descriptors if d.num_tokens % 2]
     return None
-'''
+"""
 
 
 def test_third_party_policy_through_entry_point(tmp_path: Path) -> None:
@@ -120,7 +125,8 @@ cfg = cpu_replay.ReplayConfig()
 with cpu_replay.cpu_stubs(cfg):
     manager = cpu_replay.build_manager(cfg)
 order = reordered(read_settings(), manager._capture_descs)
-print("RESULT:" + json.dumps({m.name: [(d.num_tokens, d.num_active_loras) for d in ds] for m, ds in order.items()}))
+as_lists = {m.name: [(d.num_tokens, d.num_active_loras) for d in ds] for m, ds in order.items()}
+print("RESULT:" + json.dumps(as_lists))
 """
 
 

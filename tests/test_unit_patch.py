@@ -127,7 +127,9 @@ FAULTS = {
     "attribute renamed": lambda: make_module(fresh_class(__init__=_renamed_attribute_init)),
     "signature changed": lambda: make_module(fresh_class(__init__=_changed_signature_init)),
     "_capture_descs absent": lambda: make_module(
-        fresh_class(__init__=_no_capture_descs_init, _descs_for=lambda self, m: self._capture_descs_v2.get(m, []))
+        fresh_class(
+            __init__=_no_capture_descs_init, _descs_for=lambda self, m: self._capture_descs_v2.get(m, [])
+        )
     ),
 }
 
@@ -143,9 +145,11 @@ def test_fault_leaves_stock_manager_and_one_warning(
     vllm_staging_plugin.register()
     cls = getattr(module, "ModelCudaGraphManager", None)
     if cls is not None:
-        manager = cls(config(), True, "cpu", capture_descs={FULL: descs(FULL, [4, 2])}) if (
-            fault == "signature changed"
-        ) else build(cls)
+        manager = (
+            cls(config(), True, "cpu", capture_descs={FULL: descs(FULL, [4, 2])})
+            if (fault == "signature changed")
+            else build(cls)
+        )
         manager.capture()  # stock: works in vLLM's descending order
         assert not patch.is_patched(cls)
         assert CAPACITY_ATTR not in vars(manager)
@@ -156,7 +160,9 @@ def test_fault_leaves_stock_manager_and_one_warning(
     assert "vllm-staging-plugin is inactive" in plugin_log.warnings[0]
 
 
-def test_unsupported_platform_is_refused(fake_module: Any, monkeypatch: pytest.MonkeyPatch, plugin_log: Any) -> None:
+def test_unsupported_platform_is_refused(
+    fake_module: Any, monkeypatch: pytest.MonkeyPatch, plugin_log: Any
+) -> None:
     monkeypatch.setattr(compat, "platform_name", lambda: "oot")
     vllm_staging_plugin.register()
     assert not patch.is_patched(fake_module.ModelCudaGraphManager)
@@ -173,9 +179,7 @@ def test_allocation_failure_falls_back_to_stock(fake_module: Any, mocker: Any, p
     assert len(plugin_log.warnings) == 1 and "allocating hidden_states" in plugin_log.warnings[0]
 
 
-def test_order_requested_but_not_applied_is_said(
-    monkeypatch: pytest.MonkeyPatch, plugin_log: Any
-) -> None:
+def test_order_requested_but_not_applied_is_said(monkeypatch: pytest.MonkeyPatch, plugin_log: Any) -> None:
     monkeypatch.setitem(sys.modules, MODULE, make_module(None))
     monkeypatch.setenv("STAGING_PLUGIN_ORDER", "ascending")
     vllm_staging_plugin.register()
@@ -196,7 +200,9 @@ def test_strict_mode_raises_clearly(fault: str, monkeypatch: pytest.MonkeyPatch)
         build(module.ModelCudaGraphManager)
 
 
-def test_strict_allocation_failure_raises(fake_module: Any, mocker: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_strict_allocation_failure_raises(
+    fake_module: Any, mocker: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setenv("STAGING_PLUGIN_STRICT", "1")
     vllm_staging_plugin.register()
     mocker.patch.object(patch, "presized", side_effect=RuntimeError("boom"))

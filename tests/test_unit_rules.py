@@ -15,7 +15,7 @@ from vllm_staging_plugin.sizing import capture_sequence, staging_bytes, staging_
 def test_capacity_is_max_over_all_modes_lora_cases_and_dbo_twins() -> None:
     capture_descs = {
         PIECEWISE: descs(PIECEWISE, [1, 8, 64]) + descs(PIECEWISE, [96], num_active_loras=1),
-        FULL: descs(FULL, [4, 32]) + [Desc(FULL, 128, num_ubatches=2)],
+        FULL: [*descs(FULL, [4, 32]), Desc(FULL, 128, num_ubatches=2)],
     }
     assert staging_capacity(capture_descs) == 128
 
@@ -39,7 +39,10 @@ def test_staging_bytes() -> None:
     [
         ({"STAGING_PLUGIN_DISABLE": "maybe"}, "STAGING_PLUGIN_DISABLE='maybe' is not a boolean; allowed"),
         ({"STAGING_PLUGIN_STRICT": "2"}, "STAGING_PLUGIN_STRICT='2' is not a boolean"),
-        ({"STAGING_PLUGIN_PRESIZE": "half"}, "STAGING_PLUGIN_PRESIZE='half'; allowed values: on, off, off-allow-crash"),
+        (
+            {"STAGING_PLUGIN_PRESIZE": "half"},
+            "STAGING_PLUGIN_PRESIZE='half'; allowed values: on, off, off-allow-crash",
+        ),
         (
             {"STAGING_PLUGIN_PRESIZE": "off", "STAGING_PLUGIN_ORDER": "ascending"},
             "STAGING_PLUGIN_ORDER='ascending' needs pre-sizing (STAGING_PLUGIN_PRESIZE=on)",
@@ -54,7 +57,10 @@ def test_bad_configuration_names_variable_and_allowed_values(env: dict[str, str]
 
 def test_defaults() -> None:
     assert read_settings({}) == Settings()
-    s = read_settings({"STAGING_PLUGIN_ORDER": "shuffle:3", "STAGING_PLUGIN_PRESIZE": "0"} | {"STAGING_PLUGIN_ORDER": "descending"})
+    s = read_settings(
+        {"STAGING_PLUGIN_ORDER": "shuffle:3", "STAGING_PLUGIN_PRESIZE": "0"}
+        | {"STAGING_PLUGIN_ORDER": "descending"}
+    )
     assert s.presize == "off" and s.order == "descending"
     crash = read_settings({"STAGING_PLUGIN_PRESIZE": "off-allow-crash", "STAGING_PLUGIN_ORDER": "shuffle:3"})
     assert (crash.order_name, crash.order_argument) == ("shuffle", "3")
@@ -63,7 +69,10 @@ def test_defaults() -> None:
 @pytest.mark.parametrize(
     ("order", "message"),
     [
-        ("fastest", "unknown order policy 'fastest'; allowed values: descending, ascending, max-first, shuffle:SEED"),
+        (
+            "fastest",
+            "unknown order policy 'fastest'; allowed values: descending, ascending, max-first, shuffle:SEED",
+        ),
         ("shuffle", "shuffle needs an integer seed, as in shuffle:1 (got None)"),
         ("shuffle:x", "shuffle needs an integer seed"),
         ("ascending:2", "ascending takes no argument"),
@@ -104,7 +113,10 @@ def test_policy_result_must_be_a_permutation() -> None:
     pm = plugin_manager()
     pm.register(_DroppingPolicy(), name="dropper")
     try:
-        with pytest.raises(PolicyError, match="order policy 'dropper' returned 2 descriptors that are not a permutation of the 3"):
+        with pytest.raises(
+            PolicyError,
+            match="order policy 'dropper' returned 2 descriptors that are not a permutation of the 3",
+        ):
             order_descriptors(Settings(order="dropper"), "FULL", descs(FULL, [1, 2, 3]))
     finally:
         pm.unregister(name="dropper")

@@ -9,6 +9,7 @@ that crashes -- is vLLM's own. Used by the CLI's main job and by the contract te
 from __future__ import annotations
 
 import contextlib
+import inspect
 import types
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -33,6 +34,10 @@ class ReplayConfig:
     dtype: torch.dtype = torch.bfloat16
     aux_layers: int = 0  # > 0: EAGLE3-style aux hidden-state outputs
     last_pp_rank: bool = True  # False: non-last pipeline rank, IntermediateTensors staging
+    first_pp_rank: bool = True  # False: the rank receives IntermediateTensors from the previous one
+    tensor_parallel_size: int = 1
+    pipeline_parallel_size: int = 1
+    data_parallel_size: int = 1
     intermediate_keys: tuple[str, ...] = ("hidden_states", "residual")
     lora_capture_cases: list[int] | None = None
 
@@ -61,6 +66,10 @@ def make_vllm_config(cfg: ReplayConfig) -> Any:
 
     vllm_config = VllmConfig(compilation_config=CompilationConfig(), device_config=DeviceConfig(device="cpu"))
     vllm_config.scheduler_config.max_num_seqs = cfg.max_num_seqs
+    parallel = vllm_config.parallel_config
+    parallel.tensor_parallel_size = cfg.tensor_parallel_size
+    parallel.pipeline_parallel_size = cfg.pipeline_parallel_size
+    parallel.data_parallel_size = cfg.data_parallel_size
     # On CPU, VllmConfig's post-init forces mode NONE and clears the sizes: set them afterwards.
     compilation = vllm_config.compilation_config
     compilation.cudagraph_mode = CUDAGraphMode[cfg.mode]
@@ -96,17 +105,28 @@ def cpu_stubs(cfg: ReplayConfig) -> Iterator[types.ModuleType]:
     from vllm.config.compilation import CUDAGraphMode
 
     cu = cudagraph_module()
-    pp_group = types.SimpleNamespace(is_first_rank=True, is_last_rank=cfg.last_pp_rank)
+    pp_group = types.SimpleNamespace(is_first_rank=cfg.first_pp_rank, is_last_rank=cfg.last_pp_rank)
 
-    def stored_order_capture(self: Any, create_forward_fn: Any, progress_bar_desc: str = "") -> None:
+    def stored_order_capture(
+        self: Any, create_forward_fn: Any, progress_bar_desc: str = ""
+    ) -> dict[Any, Any]:
+        takes_warmup = "warmup" in inspect.signature(create_forward_fn).parameters  # 0.19+
+
+        def forward(desc: Any, warmup: bool) -> None:
+            made = create_forward_fn(desc, warmup=warmup) if takes_warmup else create_forward_fn(desc)
+            # 0.24-0.27 return (forward_fn, attention_state); others return forward_fn
+            (made[0] if isinstance(made, tuple) else made)(CUDAGraphMode.NONE)
+
+        limit = getattr(self, "_max_full_descs_to_capture", None)  # profiling hook, 0.29+
         for mode in (CUDAGraphMode.PIECEWISE, CUDAGraphMode.FULL):
             descs = self._capture_descs.get(mode, [])
-            if mode == CUDAGraphMode.FULL and self._max_full_descs_to_capture is not None:
-                descs = descs[: self._max_full_descs_to_capture]
+            if mode == CUDAGraphMode.FULL and limit is not None:
+                descs = descs[:limit]
             for desc in descs:
-                create_forward_fn(desc, warmup=True)(CUDAGraphMode.NONE)
-                create_forward_fn(desc, warmup=False)(CUDAGraphMode.NONE)
+                forward(desc, warmup=True)
+                forward(desc, warmup=False)
         self._graphs_captured = True
+        return {}
 
     platform_cls = type(cu.current_platform)
     replacements: list[tuple[Any, str, Any]] = [
@@ -160,7 +180,7 @@ def run_capture(manager: Any, cfg: ReplayConfig, reorder: Reorder | None = None)
     rows = max(staging_capacity(manager._capture_descs), 1)
     inputs = InputBuffers(cfg.max_num_seqs, rows, torch.device("cpu"))
     upstream = None
-    if not cfg.last_pp_rank:
+    if not cfg.first_pp_rank:
         upstream = IntermediateTensors(
             {k: torch.zeros(rows, cfg.hidden_size, dtype=cfg.dtype) for k in cfg.intermediate_keys}
         )
@@ -168,11 +188,13 @@ def run_capture(manager: Any, cfg: ReplayConfig, reorder: Reorder | None = None)
     kv_cache_config = KVCacheConfig(num_blocks=0, kv_cache_tensors=[], kv_cache_groups=[])
     error = None
     model = _FakeModel(cfg)
+    available = {
+        "model": model, "model_state": model_state, "input_buffers": inputs, "intermediate_tensors": upstream,
+        "block_tables": None, "attn_groups": [], "attn_metadata_builders": [], "kv_cache_config": kv_cache_config,
+        "use_aux_hidden_state_outputs": cfg.aux_layers > 0, "has_lora": False,
+    }  # fmt: skip
     try:
-        manager.capture(
-            model, model_state, inputs, upstream, None, [], kv_cache_config,
-            use_aux_hidden_state_outputs=cfg.aux_layers > 0,
-        )  # fmt: skip
+        manager.capture(**_arguments_for(type(manager).capture, available))
     except Exception as exc:
         error = f"{type(exc).__name__}: {exc}"
     tensors = staging_tensors(manager)
@@ -185,6 +207,13 @@ def run_capture(manager: Any, cfg: ReplayConfig, reorder: Reorder | None = None)
         tensors=tensors,
         forwards=model.forwards,
     )
+
+
+def _arguments_for(method: Callable[..., Any], available: dict[str, Any]) -> dict[str, Any]:
+    """The arguments ``capture`` takes in this release, by name (its signature changed across releases)."""
+    params = list(inspect.signature(inspect.unwrap(method)).parameters.values())[1:]
+    named = [p for p in params if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
+    return {p.name: available.get(p.name) for p in named if p.name in available or p.default is p.empty}
 
 
 @contextlib.contextmanager

@@ -53,9 +53,9 @@ def write_receipt(directory: Path, receipt: dict[str, Any]) -> Path:
 
 
 def read_receipts(directory: Path) -> list[dict[str, Any]]:
-    """Every complete receipt in ``directory`` (temporary files are ignored), oldest first."""
+    """Every complete receipt under ``directory`` (recursively; temporary files are ignored), oldest first."""
     receipts = []
-    for path in sorted(directory.glob("receipt-*.json")):
+    for path in sorted(directory.rglob("receipt-*.json")):
         data = json.loads(path.read_text())
         if data.get("schema") == SCHEMA:
             receipts.append(data)

@@ -136,7 +136,10 @@ def plot(rows: list[Row], path: Path) -> None:
             ]
             colors = ["tab:gray" if r.arm == "stock" else "tab:blue" for r in mine]
             ax.bar(range(len(mine)), med, yerr=err, color=colors, capsize=3)
-            ax.set_xticks(range(len(mine)), labels, fontsize=7)
+            for x, (row, stat) in enumerate(zip(mine, stats, strict=True)):
+                if stat is None:  # nothing to draw: say why instead of leaving a gap
+                    ax.text(x, 0, f"{row.n - row.ok}/{row.n}\nfailed", ha="center", va="bottom", fontsize=7)
+            ax.set_xticks(range(len(mine)), labels, fontsize=7, rotation=45, ha="right")
             ax.set_title(f"{label}\n{config}" if j == 0 else label, fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=110)

@@ -1,0 +1,42 @@
+"""The CLI's main job on the real installed vLLM, in-process (it needs no GPU)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+pytest.importorskip("vllm.v1.worker.gpu.cudagraph_utils")
+
+from vllm_staging_plugin.cli import main
+
+pytestmark = pytest.mark.contract
+
+
+def test_main_job_shows_the_crash_and_the_fix(capsys: Any) -> None:
+    assert main([]) == 0
+    out = capsys.readouterr().out
+    assert "would patch: yes" in out
+    assert "PIECEWISE   51 descriptors, num_tokens 512, 496, 480, 464, ..., 8, 4, 2, 1" in out
+    assert "capacity   512 rows" in out
+    assert (
+        "stock    CRASH: RuntimeError: The expanded size of the tensor (1) must match the existing size (2)"
+        in out
+    )
+    assert "patched  OK: hidden_states [512, 4096] bfloat16 = 4.00 MiB" in out
+    assert "stock and patched buffers identical in shape, dtype and bytes: yes" in out
+
+
+def test_main_job_with_a_shuffled_order_and_smaller_grid(capsys: Any) -> None:
+    assert main(["--order", "shuffle:3", "--max-size", "64", "--hidden-size", "128"]) == 0
+    out = capsys.readouterr().out
+    assert "capacity   64 rows" in out and "patched  OK: hidden_states [64, 128]" in out
+
+
+def test_bad_configuration_is_reported_with_exit_2(capsys: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("STAGING_PLUGIN_ORDER", "zigzag")
+    assert main([]) == 2
+    assert (
+        "configuration: INVALID: STAGING_PLUGIN_ORDER='zigzag': unknown order policy"
+        in capsys.readouterr().out
+    )
