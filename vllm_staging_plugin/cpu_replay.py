@@ -190,8 +190,8 @@ def run_capture(manager: Any, cfg: ReplayConfig, reorder: Reorder | None = None)
     model = _FakeModel(cfg)
     available = {
         "model": model, "model_state": model_state, "input_buffers": inputs, "intermediate_tensors": upstream,
-        "block_tables": None, "attn_groups": [], "attn_metadata_builders": [],
-        "kv_cache_config": kv_cache_config, "use_aux_hidden_state_outputs": cfg.aux_layers > 0, "has_lora": False,
+        "block_tables": None, "attn_groups": [], "attn_metadata_builders": [], "has_lora": False,
+        "kv_cache_config": kv_cache_config, "use_aux_hidden_state_outputs": cfg.aux_layers > 0,
     }  # fmt: skip
     try:
         manager.capture(**_arguments_for(type(manager).capture, available))
