@@ -26,11 +26,15 @@ logger = logging.getLogger("vllm.staging_plugin")
 
 @contextmanager
 def capture_session(manager: Any, settings: Settings, profiling: bool) -> Iterator[None]:
+    reorder = settings.order != DEFAULT_ORDER and not profiling
+    if not reorder and settings.receipts_dir is None:
+        yield  # vLLM's order, no receipts: nothing to do, not even a synchronize
+        return
     stock_descs = manager._capture_descs
-    if settings.order != DEFAULT_ORDER and not profiling:
+    if reorder:
         manager._capture_descs = reordered(settings, stock_descs)
     receipt = _environment(manager, settings, profiling) if settings.receipts_dir else None
-    free_before = _free_memory()
+    free_before = _free_memory() if receipt is not None else None
     started = time.perf_counter()
     try:
         yield
