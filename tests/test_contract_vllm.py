@@ -242,3 +242,25 @@ def test_bad_order_fails_manager_construction_before_anything_is_built(
         monkeypatch.setenv("STAGING_PLUGIN_ORDER", "descending")
         cpu_replay.build_manager(QWEN3_8B)
     assert candidates.call_count == 1
+
+
+def test_builtin_policies_on_the_real_descriptor_lists() -> None:
+    from vllm_staging_plugin.policies import order_descriptors
+    from vllm_staging_plugin.settings import Settings
+
+    with cpu_replay.cpu_stubs(QWEN3_8B), cpu_replay.stock_or_patched(False):
+        manager = cpu_replay.build_manager(QWEN3_8B)
+    for mode, descs in manager._capture_descs.items():
+        tokens = [d.num_tokens for d in descs]
+
+        def ordered(order: str, descs: list[Any] = descs, mode: Any = mode) -> list[int]:
+            result = order_descriptors(Settings(order=order), mode.name, descs)
+            assert sorted(map(id, result)) == sorted(map(id, descs))  # the same objects, permuted
+            return [d.num_tokens for d in result]
+
+        assert ordered("descending") == tokens == sorted(tokens, reverse=True)  # vLLM's own, untouched
+        assert ordered("ascending") == sorted(tokens)
+        assert ordered("max-first") == [max(tokens), *sorted(tokens)[:-1]]
+        assert ordered("shuffle:1") == ordered("shuffle:1") != tokens and sorted(
+            ordered("shuffle:1")
+        ) == sorted(tokens)

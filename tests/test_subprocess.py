@@ -139,3 +139,14 @@ def test_shuffle_is_identical_across_processes_and_ranks() -> None:
         r.pop("log")
     assert runs[0] == runs[1]
     assert runs[0]["PIECEWISE"] != sorted(runs[0]["PIECEWISE"], reverse=True)
+
+
+def test_register_is_import_light() -> None:
+    code = """
+    import sys, json
+    import vllm_staging_plugin
+    vllm_staging_plugin.register()
+    heavy = sorted(m for m in ("torch", "vllm", "pluggy") if m in sys.modules)
+    print("RESULT:" + json.dumps({"heavy": heavy}))
+    """
+    assert run(code, {})["heavy"] == []
