@@ -74,7 +74,7 @@ except Exception as exc:
     out["verdict"], out["why"] = "error", f"{type(exc).__name__}: {exc}"
 print("PROBE:" + json.dumps(out))
 """
-MISSING = re.compile(r"No module named '([\w]+)")
+MISSING = re.compile(r"No module named '([\w]+)|requires \"([\w-]+)\" to be installed")
 PACKAGE_OF = {
     "rpds": "rpds-py",
     "yaml": "pyyaml",
@@ -123,7 +123,8 @@ def run_release(version: str) -> dict[str, object]:
         missing = MISSING.search(str(result["why"])) if result["verdict"] == "error" else None
         if missing is None:
             break
-        package = PACKAGE_OF.get(missing.group(1), missing.group(1))
+        name = missing.group(1) or missing.group(2)
+        package = PACKAGE_OF.get(name, name)
         extras.append(package)
         subprocess.run(
             [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(deps), package],
