@@ -18,7 +18,7 @@ logger = logging.getLogger("vllm.staging_plugin")
 
 def register() -> None:
     """Entry point: arrange for ``ModelCudaGraphManager`` to be patched in this process."""
-    from .settings import ENV_ORDER, read_settings, strict_requested
+    from .settings import DEFAULT_ORDER, ENV_ORDER, read_settings, strict_requested
 
     try:
         settings = read_settings()
@@ -27,7 +27,7 @@ def register() -> None:
         settings = None
     try:
         if settings is not None and settings.disabled:
-            if settings.order != "descending":
+            if settings.order != DEFAULT_ORDER:
                 logger.warning(
                     "vllm-staging-plugin is disabled (STAGING_PLUGIN_DISABLE); %s=%s is ignored "
                     "and vLLM captures in its own descending order",

@@ -16,6 +16,7 @@ from typing import Any
 import torch
 
 from . import __version__
+from .patch import staging_tensors
 from .policies import reordered
 from .receipts import SCHEMA, write_receipt
 from .settings import DEFAULT_ORDER, Settings
@@ -109,7 +110,7 @@ def _finish(
     if profiling and limit is not None and "FULL" in sequence:
         sequence["FULL"] = sequence["FULL"][:limit]
     free_after = _free_memory()
-    graph_memory = free_before - free_after if free_before is not None and free_after else None
+    graph_memory = free_before - free_after if free_before is not None and free_after is not None else None
     reserved, active = _pool_bytes(getattr(manager, "pool", None))
     receipt.update(
         captured_sequence=sequence,
@@ -135,19 +136,6 @@ def staging_buffer_bytes(manager: Any) -> dict[str, dict[str, Any]]:
         }
         for name, t in staging_tensors(manager).items()
     }
-
-
-def staging_tensors(manager: Any) -> dict[str, torch.Tensor]:
-    """The allocated staging tensors by display name (aux and intermediate ones indexed)."""
-    state = vars(manager)
-    found: dict[str, torch.Tensor] = {}
-    if isinstance(state.get("hidden_states"), torch.Tensor):
-        found["hidden_states"] = state["hidden_states"]
-    for i, aux in enumerate(state.get("aux_hidden_states") or []):
-        found[f"aux_hidden_states[{i}]"] = aux
-    for key, tensor in (getattr(state.get("intermediate_tensors"), "tensors", None) or {}).items():
-        found[f"intermediate_tensors[{key}]"] = tensor
-    return found
 
 
 def _pool_bytes(pool: Any) -> tuple[int | None, int | None]:

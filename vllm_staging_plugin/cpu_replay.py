@@ -171,7 +171,8 @@ def run_capture(manager: Any, cfg: ReplayConfig, reorder: Reorder | None = None)
     from vllm.v1.kv_cache_interface import KVCacheConfig
     from vllm.v1.worker.gpu.input_batch import InputBuffers
 
-    from .capture_session import staging_buffer_bytes, staging_tensors
+    from .capture_session import staging_buffer_bytes
+    from .patch import staging_tensors
     from .sizing import capture_sequence, staging_capacity
 
     if reorder is not None:  # simulate another capture order on stock and patched alike

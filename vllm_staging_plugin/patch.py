@@ -177,15 +177,22 @@ def _wrap_capture(original: Callable[..., Any]) -> Callable[..., Any]:
     return capture
 
 
-def held_rows(manager: Any) -> int | None:
-    """Rows of the allocated staging buffers (None before the first capture output)."""
+def staging_tensors(manager: Any) -> dict[str, torch.Tensor]:
+    """The allocated staging tensors by display name (aux and intermediate ones indexed)."""
     state = vars(manager)
-    hidden = state.get("hidden_states")
-    if isinstance(hidden, torch.Tensor):
-        return int(hidden.shape[0])
-    inter = state.get("intermediate_tensors")
-    tensors = getattr(inter, "tensors", None) or {}
-    return min((int(t.shape[0]) for t in tensors.values()), default=None)
+    found: dict[str, torch.Tensor] = {}
+    if isinstance(state.get("hidden_states"), torch.Tensor):
+        found["hidden_states"] = state["hidden_states"]
+    for i, aux in enumerate(state.get("aux_hidden_states") or []):
+        found[f"aux_hidden_states[{i}]"] = aux
+    for key, tensor in (getattr(state.get("intermediate_tensors"), "tensors", None) or {}).items():
+        found[f"intermediate_tensors[{key}]"] = tensor
+    return found
+
+
+def held_rows(manager: Any) -> int | None:
+    """Rows of the smallest allocated staging buffer (None before the first capture output)."""
+    return min((int(t.shape[0]) for t in staging_tensors(manager).values()), default=None)
 
 
 def ensure_capacity(manager: Any) -> None:

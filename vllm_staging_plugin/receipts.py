@@ -22,7 +22,7 @@ REQUIRED_FIELDS = (
     "cuda_version", "gpu_name", "driver_version", "architecture", "hidden_size", "cudagraph_mode",
     "capture_sizes", "policy", "captured_sequence", "capacity", "staging_bytes", "capture_seconds",
     "graph_memory_bytes", "graph_pool_reserved_bytes", "graph_pool_active_bytes",
-    "profiling_estimate_bytes", "rank", "pid", "created_unix",
+    "profiling_estimate_bytes", "presize", "rank", "pid", "created_unix",
 )  # fmt: skip
 _counter = itertools.count()
 
