@@ -106,10 +106,13 @@ def test_third_party_policy_through_entry_point(tmp_path: Path) -> None:
     dist = tmp_path / "my_policies-1.0.dist-info"
     dist.mkdir()
     (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: my-policies\nVersion: 1.0\n")
-    (dist / "entry_points.txt").write_text("[vllm_staging_plugin.order_policies]\nmine = my_policies\n")
+    (dist / "entry_points.txt").write_text(
+        "[vllm_staging_plugin.order_policies]\nbroken = no_such_policy_module\nmine = my_policies\n"
+    )
     env = {"VLLM_PLUGINS": "vllm_staging_plugin"}
     overridden = run(BOOT, env | {"STAGING_PLUGIN_ORDER": "max-first"}, tmp_path)
     assert overridden["ok"] and overridden["forwards"][:3] == [512, 496, 480]  # the override ran
+    assert "order-policy entry point 'broken' (no_such_policy_module) failed to load" in overridden["log"]
     evens = run(BOOT, env | {"STAGING_PLUGIN_ORDER": "evens-first"}, tmp_path)
     assert evens["ok"] and evens["rows"] == {"hidden_states": 512}
     piecewise = evens["forwards"][:51]

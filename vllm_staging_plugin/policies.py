@@ -3,18 +3,21 @@
 from __future__ import annotations
 
 import functools
+import logging
 import random
 from collections import Counter
 from collections.abc import Mapping, Sequence
+from importlib.metadata import entry_points
 from typing import Any
 
 import pluggy
 
 from . import hookspecs
 from .hookspecs import hookimpl
-from .settings import DEFAULT_ORDER, ENV_ORDER, ConfigError, Settings
+from .settings import DEFAULT_ORDER, ENV_ORDER, ConfigError, Settings, strict_requested
 
 ENTRY_POINT_GROUP = "vllm_staging_plugin.order_policies"
+logger = logging.getLogger("vllm.staging_plugin")
 
 
 class PolicyError(RuntimeError):
@@ -59,11 +62,28 @@ class BuiltinPolicies:
 
 @functools.lru_cache(maxsize=1)
 def plugin_manager() -> pluggy.PluginManager:
-    """Built once per process: built-ins first, then every entry point of :data:`ENTRY_POINT_GROUP`."""
+    """Built once per process: built-ins first, then every entry point of :data:`ENTRY_POINT_GROUP`.
+
+    Entry points are loaded one by one (not with pluggy's ``load_setuptools_entrypoints``) so that one
+    broken policy package is skipped with a warning naming it instead of failing every non-default order.
+    """
     pm = pluggy.PluginManager(hookspecs.PROJECT_NAME)
     pm.add_hookspecs(hookspecs)
     pm.register(BuiltinPolicies(), name="builtin")
-    pm.load_setuptools_entrypoints(ENTRY_POINT_GROUP)
+    for entry_point in entry_points(group=ENTRY_POINT_GROUP):
+        if pm.get_plugin(entry_point.name) is not None or pm.is_blocked(entry_point.name):
+            continue
+        try:
+            pm.register(entry_point.load(), name=entry_point.name)
+        except Exception as exc:
+            if strict_requested():
+                raise
+            logger.warning(
+                "vllm-staging-plugin: order-policy entry point %r (%s) failed to load and is skipped: %s",
+                entry_point.name,
+                entry_point.value,
+                exc,
+            )
     return pm
 
 
