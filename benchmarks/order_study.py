@@ -104,6 +104,12 @@ def run(args: argparse.Namespace) -> int:
     dirs = {m: model_dir(out, m) for m in models}
     cells = [(r, m, o, a) for r in range(args.start_round, args.start_round + args.rounds)
              for m in models for o in args.orders.split(",") for a in args.arms.split(",")]  # fmt: skip
+    if args.fill_to:
+        cells = missing_cells(out, models, args.orders.split(","), args.arms.split(","), args.fill_to)
+    if args.dry_run:
+        for cell in cells:
+            print("would boot", *cell)
+        return 0
     began, longest = time.monotonic(), 0.0
     for rnd, model, order, arm in cells:
         elapsed = time.monotonic() - began
@@ -155,6 +161,24 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+def missing_cells(
+    out: Path, models: list[str], orders: list[str], arms: list[str], target: int
+) -> list[tuple[int, str, str, str]]:
+    """Boots still needed for ``target`` per cell, given the records in ``out/boots``, round-robin."""
+    done: dict[tuple[str, str, str], int] = {}
+    last_round = -1
+    for path in (out / "boots").glob("*.json"):
+        b = json.loads(path.read_text())
+        key = (b["model"], b["order"], b["arm"])
+        done[key] = done.get(key, 0) + 1
+        last_round = max(last_round, int(b.get("round", 0)))
+    need = {(m, o, a): target - done.get((m, o, a), 0) for m in models for o in orders for a in arms}
+    cells = []
+    for step in range(max(need.values(), default=0)):
+        cells += [(last_round + 1 + step, m, o, a) for (m, o, a), n in need.items() if n > step]
+    return cells
+
+
 def summarize(args: argparse.Namespace) -> int:
     boots = [json.loads(p.read_text()) for p in sorted(Path(args.directory).glob("**/boots/*.json"))]
     cells: dict[tuple[str, str, str], list[dict[str, Any]]] = {}
@@ -200,6 +224,8 @@ def main() -> int:
     r.add_argument("--start-round", type=int, default=0)
     r.add_argument("--deadline", type=float, default=540.0, help="seconds; no boot starts past it")
     r.add_argument("--boot-timeout", type=float, default=240.0)
+    r.add_argument("--fill-to", type=int, default=0, help="run only the boots missing for N per cell")
+    r.add_argument("--dry-run", action="store_true", help="print the boots that would run")
     b = sub.add_parser("boot")
     for name in ("--model", "--model-dir", "--order", "--arm", "--record"):
         b.add_argument(name, required=True)
