@@ -20,7 +20,7 @@ from .patch import staging_tensors
 from .policies import reordered
 from .receipts import SCHEMA, write_receipt
 from .settings import DEFAULT_ORDER, Settings
-from .sizing import capture_sequence, staging_capacity
+from .sizing import capture_sequence, staging_bytes, staging_capacity
 
 logger = logging.getLogger("vllm.staging_plugin")
 
@@ -132,7 +132,7 @@ def staging_buffer_bytes(manager: Any) -> dict[str, dict[str, Any]]:
             "rows": int(t.shape[0]),
             "shape": list(t.shape),
             "dtype": str(t.dtype).removeprefix("torch."),
-            "bytes": int(t.numel() * t.element_size()),
+            "bytes": staging_bytes(int(t.shape[0]), t.shape[1:], t.element_size()),
         }
         for name, t in staging_tensors(manager).items()
     }

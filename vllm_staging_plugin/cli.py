@@ -81,8 +81,7 @@ def check(args: argparse.Namespace) -> int:
           f"'{platform_note}')")  # fmt: skip
 
     cfg = cpu_replay.ReplayConfig(
-        mode=args.mode, sizes=cpu_replay.DEFAULT_SIZES if args.max_size == 512 else
-        (1, 2, 4, *range(8, min(args.max_size + 1, 256), 8), *range(256, args.max_size + 1, 16)),
+        mode=args.mode, sizes=cpu_replay.default_sizes(args.max_size),
         max_num_seqs=args.max_num_seqs, hidden_size=args.hidden_size,
     )  # fmt: skip
     order = Settings(order=args.order)

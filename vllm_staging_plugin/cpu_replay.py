@@ -19,8 +19,14 @@ import torch
 
 from . import patch as staging_patch
 
-# vLLM's default capture sizes for max 512: 1, 2, 4, multiples of 8 below 256, multiples of 16 to 512.
-DEFAULT_SIZES = (1, 2, 4, *range(8, 256, 8), *range(256, 513, 16))
+
+def default_sizes(max_size: int) -> tuple[int, ...]:
+    """vLLM's default capture grid: 1, 2, 4, multiples of 8 below 256, then multiples of 16."""
+    grid = (1, 2, 4, *range(8, 256, 8), *range(256, max_size + 1, 16))
+    return tuple(n for n in grid if n <= max_size)
+
+
+DEFAULT_SIZES = default_sizes(512)
 Reorder = Callable[[list[Any]], list[Any]]
 
 
@@ -49,7 +55,6 @@ class ReplayResult:
     sequence: dict[str, list[int]]
     capacity: int
     buffers: dict[str, dict[str, Any]] = field(default_factory=dict)
-    tensors: dict[str, torch.Tensor] = field(default_factory=dict)
     forwards: list[int] = field(default_factory=list)
     """``num_tokens`` of every forward the capture ran, in order (warm-up and capture pass)."""
 
@@ -172,7 +177,6 @@ def run_capture(manager: Any, cfg: ReplayConfig, reorder: Reorder | None = None)
     from vllm.v1.worker.gpu.input_batch import InputBuffers
 
     from .capture_session import staging_buffer_bytes
-    from .patch import staging_tensors
     from .sizing import capture_sequence, staging_capacity
 
     if reorder is not None:  # simulate another capture order on stock and patched alike
@@ -198,14 +202,12 @@ def run_capture(manager: Any, cfg: ReplayConfig, reorder: Reorder | None = None)
         manager.capture(**_arguments_for(type(manager).capture, available))
     except Exception as exc:
         error = f"{type(exc).__name__}: {exc}"
-    tensors = staging_tensors(manager)
     return ReplayResult(
         ok=error is None,
         error=error,
         sequence=capture_sequence(manager._capture_descs),
         capacity=staging_capacity(manager._capture_descs),
         buffers=staging_buffer_bytes(manager),
-        tensors=tensors,
         forwards=model.forwards,
     )
 
