@@ -66,8 +66,11 @@ def test_report_on_h200_receipts_is_exact() -> None:
 
 def test_report_cells_match_the_study() -> None:
     rows = {(r.config.split()[1], r.arm, r.policy): r for r in summarize(receipts.read_receipts(H200))}
+    assert len(rows) == 16 and {r.n for r in rows.values()} == {3}  # 2 shapes x 4 orders x 2 arms, N = 3
+    crashed = {key for key, r in rows.items() if r.ok == 0}
+    assert crashed == {(h, "stock", p) for h in ("h=1024", "h=4096") for p in ("ascending", "shuffle:1")}
+    assert all(r.ok == 3 for key, r in rows.items() if key not in crashed)
     stock_desc, plugin_asc = rows[("h=4096", "stock", "descending")], rows[("h=4096", "plugin", "ascending")]
-    assert (stock_desc.ok, stock_desc.n) == (2, 2) and rows[("h=4096", "stock", "ascending")].ok == 0
     pool = "graph_pool_reserved_bytes"
     assert stock_desc.stats[pool].median == 74 * 2**20 and plugin_asc.stats[pool].median == 112 * 2**20
     assert plugin_asc.ratios[pool] == pytest.approx(112 / 74)
