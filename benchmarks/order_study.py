@@ -110,9 +110,11 @@ def run(args: argparse.Namespace) -> int:
         for cell in cells:
             print("would boot", *cell)
         return 0
+    # Budget by the typical boot (a guess of 60 s until one is seen), not the longest: the first boot of
+    # a shape on a fresh machine compiles and takes about twice as long, and would end runs early.
     began, walls = time.monotonic(), [60.0]
     for rnd, model, order, arm in cells:
-        elapsed = time.monotonic() - began  # typical boot, not the longest: one compile boot is ~2x
+        elapsed = time.monotonic() - began
         if elapsed + statistics.median(walls) * 1.3 > args.deadline:
             print(f"deadline: stopping before round {rnd} {model} {order} {arm} ({elapsed:.0f}s used)")
             break
