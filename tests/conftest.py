@@ -46,6 +46,10 @@ def clean_plugin_state(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     from vllm_staging_plugin.import_hook import remove_hooks
 
     remove_hooks("vllm.v1.worker.gpu.cudagraph_utils")
+    from vllm_staging_plugin import runner_guard
+
+    remove_hooks(runner_guard.V1_RUNNER_MODULE)
+    runner_guard.unguard(sys.modules.get(runner_guard.V1_RUNNER_MODULE))
 
 
 @pytest.fixture

@@ -226,13 +226,16 @@ def test_stock_staging_reproduces_the_crash_on_purpose(
     )
 
 
-def test_bad_order_fails_manager_construction_before_anything_is_built(
+def test_bad_order_fails_register_and_manager_construction_before_anything_is_built(
     monkeypatch: pytest.MonkeyPatch, mocker: Any
 ) -> None:
     from vllm_staging_plugin.settings import ConfigError
 
+    vllm_staging_plugin.register()
     monkeypatch.setenv("STAGING_PLUGIN_ORDER", "fastest")
-    vllm_staging_plugin.register()  # never raises
+    with pytest.raises(ConfigError, match="STAGING_PLUGIN_ORDER='fastest'.*allowed values"):
+        vllm_staging_plugin.register()  # at plugin loading, before vLLM loads any model
+    # A process whose environment changes after register() still fails before vLLM builds anything.
     module = cpu_replay.cudagraph_module()
     candidates = mocker.spy(module.CudaGraphManager, "_init_candidates")  # run by vLLM's __init__
     with cpu_replay.cpu_stubs(QWEN3_8B), pytest.raises(ConfigError, match="STAGING_PLUGIN_ORDER='fastest'"):

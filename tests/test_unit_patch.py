@@ -13,6 +13,8 @@ from fakes import FULL, PIECEWISE, FakeManager, config, descs, fresh_class, make
 import vllm_staging_plugin
 from vllm_staging_plugin import compat, patch
 from vllm_staging_plugin.patch import CAPACITY_ATTR, StagingError
+from vllm_staging_plugin.policies import order_descriptors
+from vllm_staging_plugin.settings import Settings
 
 MODULE = compat.CUDAGRAPH_MODULE
 
@@ -40,10 +42,10 @@ def fake_module(monkeypatch: pytest.MonkeyPatch) -> Any:
 def test_register_twice_patches_once(fake_module: Any) -> None:
     cls = fake_module.ModelCudaGraphManager
     vllm_staging_plugin.register()
-    first = (cls.__dict__["__init__"], cls.__dict__["capture"], cls.__dict__["hidden_states"])
+    first = (cls.__dict__["__init__"], cls.__dict__["capture"])
     vllm_staging_plugin.register()
     assert patch.is_patched(cls)
-    assert (cls.__dict__["__init__"], cls.__dict__["capture"], cls.__dict__["hidden_states"]) == first
+    assert (cls.__dict__["__init__"], cls.__dict__["capture"]) == first
     assert cls.__dict__[patch.ORIGINALS_ATTR]["__init__"] is FakeManager.__init__
 
 
@@ -79,7 +81,8 @@ def test_default_order_keeps_the_stock_tensor(fake_module: Any, mocker: Any) -> 
     spy = mocker.spy(patch, "presized")
     manager = build(fake_module.ModelCudaGraphManager)
     manager.capture()
-    assert spy.call_count == 1 and spy.spy_return is spy.call_args.args[0]  # not replaced
+    assert spy.call_count == 0  # vLLM's first output already has capacity rows: kept, nothing allocated
+    assert type(manager) is fake_module.ModelCudaGraphManager  # back on vLLM's class after capture
 
 
 def test_nothing_to_capture_allocates_nothing(fake_module: Any) -> None:
@@ -169,14 +172,23 @@ def test_unsupported_platform_is_refused(
     assert len(plugin_log.warnings) == 1 and "platform 'oot'" in plugin_log.warnings[0]
 
 
-def test_allocation_failure_falls_back_to_stock(fake_module: Any, mocker: Any, plugin_log: Any) -> None:
+@pytest.mark.parametrize("order", ["descending", "ascending", "max-first", "shuffle:1", "shuffle:3"])
+def test_allocation_failure_stops_with_a_clear_error_or_is_not_needed(
+    order: str, fake_module: Any, mocker: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An allocation is only attempted when vLLM's first buffer is too short; failing it is a clear stop."""
+    monkeypatch.setenv("STAGING_PLUGIN_ORDER", order)
     vllm_staging_plugin.register()
     mocker.patch.object(patch, "presized", side_effect=torch.OutOfMemoryError("CUDA out of memory"))
-    manager = build(fake_module.ModelCudaGraphManager)
-    manager.capture()  # descending: the stock tensor serves
-    assert manager.hidden_states.shape == (8, 8)
-    assert not patch.is_patched(fake_module.ModelCudaGraphManager)
-    assert len(plugin_log.warnings) == 1 and "allocating hidden_states" in plugin_log.warnings[0]
+    manager = build(fake_module.ModelCudaGraphManager, sizes=([1, 2, 4, 8, 16], [1, 2, 3]))
+    first = order_descriptors(Settings(order=order), "PIECEWISE", manager._capture_descs[PIECEWISE])[0]
+    if first.num_tokens == 16:  # largest first (descending, max-first, shuffle:3): capacity rows already
+        manager.capture()
+        assert manager.hidden_states.shape == (16, 8)
+        return
+    with pytest.raises(StagingError, match=rf"allocating hidden_states with 16 rows failed.*{order}"):
+        manager.capture()
+    assert type(manager) is fake_module.ModelCudaGraphManager  # no half-swapped class left behind
 
 
 def test_order_requested_but_not_applied_is_said(monkeypatch: pytest.MonkeyPatch, plugin_log: Any) -> None:
@@ -207,7 +219,8 @@ def test_strict_allocation_failure_raises(
     vllm_staging_plugin.register()
     mocker.patch.object(patch, "presized", side_effect=RuntimeError("boom"))
     manager = build(fake_module.ModelCudaGraphManager)
-    with pytest.raises(StagingError, match="allocating hidden_states with 8 rows failed: boom"):
+    ascending(manager)
+    with pytest.raises(StagingError, match=r"allocating hidden_states with 8 rows failed \(RuntimeError: boom\)"):
         manager.capture()
 
 

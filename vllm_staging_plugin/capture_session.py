@@ -9,9 +9,9 @@ from __future__ import annotations
 import logging
 import os
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 
@@ -23,6 +23,7 @@ from .settings import DEFAULT_ORDER, Settings
 from .sizing import capture_sequence, staging_bytes, staging_capacity
 
 logger = logging.getLogger("vllm.staging_plugin")
+_T = TypeVar("_T")
 
 
 @contextmanager
@@ -34,8 +35,7 @@ def capture_session(manager: Any, settings: Settings, profiling: bool) -> Iterat
     stock_descs = manager._capture_descs
     if reorder:
         manager._capture_descs = reordered(settings, stock_descs)
-    receipt = _environment(manager, settings, profiling) if settings.receipts_dir else None
-    free_before = _free_memory() if receipt is not None else None
+    receipt = _guarded("start the receipt", _start_receipt, manager, settings, profiling)
     started = time.perf_counter()
     try:
         yield
@@ -48,11 +48,24 @@ def capture_session(manager: Any, settings: Settings, profiling: bool) -> Iterat
         captured = manager._capture_descs
         manager._capture_descs = stock_descs
         if receipt is not None and settings.receipts_dir is not None:
-            _finish(receipt, manager, captured, seconds, free_before, profiling)
-            try:
-                write_receipt(settings.receipts_dir, receipt)
-            except OSError as exc:  # a receipt must never take the engine down
-                logger.warning("vllm-staging-plugin: could not write receipt: %s", exc)
+            done = _guarded("finish the receipt", _finish, receipt, manager, captured, seconds, profiling)
+            if done is not None:  # an unfinished receipt is not written
+                _guarded("write the receipt", write_receipt, settings.receipts_dir, done)
+
+
+def _guarded(what: str, step: Callable[..., _T], *args: Any) -> _T | None:
+    """A receipt must never take the capture down: any failure is one warning, and the capture goes on."""
+    try:
+        return step(*args)
+    except Exception as exc:
+        logger.warning("vllm-staging-plugin: could not %s (the capture is unaffected): %r", what, exc)
+        return None
+
+
+def _start_receipt(manager: Any, settings: Settings, profiling: bool) -> dict[str, Any]:
+    receipt = _environment(manager, settings, profiling)
+    receipt["_free_before"] = _free_memory()
+    return receipt
 
 
 def _free_memory() -> int | None:
@@ -102,9 +115,9 @@ def _finish(
     manager: Any,
     captured: dict[Any, list[Any]],
     seconds: float,
-    free_before: int | None,
     profiling: bool,
-) -> None:
+) -> dict[str, Any]:
+    free_before = receipt.pop("_free_before", None)
     sequence = capture_sequence(captured)
     limit = getattr(manager, "_max_full_descs_to_capture", None)
     if profiling and limit is not None and "FULL" in sequence:
@@ -123,6 +136,7 @@ def _finish(
         profiling_estimate_bytes=_profiling_estimate(manager, graph_memory) if profiling else None,
         created_unix=time.time(),
     )
+    return receipt
 
 
 def staging_buffer_bytes(manager: Any) -> dict[str, dict[str, Any]]:

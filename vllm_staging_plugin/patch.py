@@ -5,14 +5,16 @@ How (why each piece sits where it sits, see docs/design.md):
 * ``__init__`` wrapper: after vLLM's own ``__init__``, checks the structure and records the capacity,
   the largest ``num_tokens`` over every capture descriptor. It allocates nothing: vLLM's profiling
   pass measures graph memory inside ``capture_model``, so the buffers must be born there, as stock.
-* Data descriptors on the class for ``hidden_states``, ``aux_hidden_states`` and
-  ``intermediate_tensors`` intercept vLLM's own lazy allocation (``torch.empty_like`` of the first
-  output) and, only if that output has fewer rows than the capacity, store a capacity-row tensor of the
-  same dtype, device and trailing shape instead. Under vLLM's descending order the first output already
-  has capacity rows and the stock tensor is kept: not one byte changes.
 * ``capture`` wrapper: re-reads the descriptors (one added after ``__init__`` still fits: buffers grow
-  while no FULL graph has recorded their address), applies the order policy to the real capture only
-  and writes the receipt.
+  while no FULL graph has recorded their address), checks that all ranks agree, applies the order policy
+  to the real capture only, writes the receipt, and *for the duration of the capture only* moves the
+  manager into a subclass whose data descriptors for ``hidden_states``, ``aux_hidden_states`` and
+  ``intermediate_tensors`` intercept vLLM's own lazy allocation (``torch.empty_like`` of the first
+  output). Only if that output has fewer rows than the capacity is a capacity-row tensor of the same
+  dtype, device and trailing shape stored instead; under vLLM's descending order the first output
+  already has capacity rows and the stock tensor is kept: not one byte changes.
+* After capture the manager is an instance of vLLM's class again and its buffers are plain instance
+  attributes: graph replay (``run_fullgraph`` at every decode step) runs no plugin code at all.
 
 Idempotent through a sentinel on the class that holds the originals; :func:`unpatch` restores them.
 """
@@ -82,10 +84,8 @@ def patch(cls: type) -> bool:
     originals = {name: cls.__dict__[name] for name in ("__init__", "capture")}
     cls.__init__ = _wrap_init(originals["__init__"])  # type: ignore[misc]
     cls.capture = _wrap_capture(originals["capture"])  # type: ignore[attr-defined]
-    for name in STAGING_ATTRS:
-        setattr(cls, name, _StagingSlot(name))
     setattr(cls, ORIGINALS_ATTR, originals)
-    logger.debug("patched %s.%s (__init__, capture, staging slots)", cls.__module__, cls.__name__)
+    logger.debug("patched %s.%s (__init__, capture)", cls.__module__, cls.__name__)
     return True
 
 
@@ -96,10 +96,8 @@ def unpatch(cls: type) -> bool:
         return False
     for name, original in originals.items():
         setattr(cls, name, original)
-    for name in STAGING_ATTRS:
-        if isinstance(cls.__dict__.get(name), _StagingSlot):
-            delattr(cls, name)
     delattr(cls, ORIGINALS_ATTR)
+    _CAPTURE_VIEWS.pop(cls, None)
     return True
 
 
@@ -169,12 +167,57 @@ def _wrap_capture(original: Callable[..., Any]) -> Callable[..., Any]:
         if CAPACITY_ATTR in self.__dict__:
             ensure_capacity(self)
         profiling = getattr(self, "_max_full_descs_to_capture", None) is not None
+        if not profiling:
+            _check_ranks_agree(self, settings)
         from .capture_session import capture_session
 
-        with capture_session(self, settings, profiling):
+        with capture_session(self, settings, profiling), _intercepting_staging(self):
             return original(self, *args, **kwargs)
 
     return capture
+
+
+def _check_ranks_agree(manager: Any, settings: Settings) -> None:
+    from .agreement import check_process_group
+
+    descs = manager._capture_descs
+    if settings.order != DEFAULT_ORDER:
+        from .policies import reordered
+
+        descs = reordered(settings, descs)
+    check_process_group(settings, descs)
+
+
+# Patched class -> its capture-time subclass (with the staging data descriptors), built once.
+_CAPTURE_VIEWS: dict[type, type] = {}
+
+
+def _capture_view(cls: type) -> type:
+    """``cls`` plus data descriptors for the staging attributes; same name, no other difference."""
+    view = _CAPTURE_VIEWS.get(cls)
+    if view is None:
+        slots: dict[str, Any] = {name: _StagingSlot(name) for name in STAGING_ATTRS}
+        slots.update(__module__=cls.__module__, __qualname__=cls.__qualname__)
+        view = _CAPTURE_VIEWS[cls] = type(cls.__name__, (cls,), slots)
+    return view
+
+
+@contextmanager
+def _intercepting_staging(manager: Any) -> Iterator[None]:
+    """During one capture, route the staging attributes through :class:`_StagingSlot`.
+
+    Swapping ``__class__`` (not putting descriptors on vLLM's class) keeps every read outside capture,
+    in particular ``run_fullgraph`` at each FULL graph replay, a plain instance-dict lookup.
+    """
+    if CAPACITY_ATTR not in manager.__dict__:
+        yield
+        return
+    cls = type(manager)
+    manager.__class__ = _capture_view(cls)
+    try:
+        yield
+    finally:
+        manager.__class__ = cls
 
 
 def staging_tensors(manager: Any) -> dict[str, torch.Tensor]:
@@ -230,6 +273,37 @@ def presized(value: Any, capacity: int) -> Any:
     return value
 
 
+def allocation_failure(manager: Any, name: str, value: Any, capacity: int, exc: BaseException) -> str:
+    """The start-up error when the capacity-row buffer cannot be allocated, with what to change."""
+    settings: Settings = manager.__dict__[SETTINGS_ATTR]
+    rows = _rows(value)
+    if settings.order != DEFAULT_ORDER:
+        advice = (
+            f"{ENV_ORDER}={settings.order} captures a {rows}-row descriptor first; with "
+            f"{ENV_ORDER}={DEFAULT_ORDER} vLLM's own first output usually has capacity rows and needs no "
+            "second allocation, or free GPU memory (lower gpu_memory_utilization)"
+        )
+    else:
+        advice = (
+            "vLLM's own order starts with a smaller descriptor here (see docs/stock-crashes.md), so stock "
+            "vLLM would crash at the staging copy too; free GPU memory (lower gpu_memory_utilization)"
+        )
+    return (
+        f"vllm-staging-plugin: allocating {name} with {capacity} rows failed ({type(exc).__name__}: "
+        f"{exc}); vLLM's own buffer has {rows} rows and a later descriptor of this capture needs "
+        f"{capacity}, so the capture cannot go on. {advice}."
+    )
+
+
+def _rows(value: Any) -> int | None:
+    if isinstance(value, torch.Tensor):
+        return int(value.shape[0]) if value.dim() else None
+    if isinstance(value, list):
+        return min((r for r in map(_rows, value) if r is not None), default=None)
+    tensors = getattr(value, "tensors", None)
+    return _rows(list(tensors.values())) if isinstance(tensors, dict) else None
+
+
 def _is_empty(value: Any) -> bool:
     return value is None or (isinstance(value, list) and not value)
 
@@ -250,20 +324,17 @@ class _StagingSlot:
 
     def __set__(self, obj: Any, value: Any) -> None:
         capacity = obj.__dict__.get(CAPACITY_ATTR)
-        if capacity and _is_empty(obj.__dict__.get(self.name)) and not _is_empty(value):
-            value = self._allocate(obj, value, capacity)
+        if capacity and _is_empty(obj.__dict__.get(self.name)) and (_rows(value) or capacity) < capacity:
+            value = self._allocate(obj, value, capacity)  # vLLM's first output is short: grow it
         obj.__dict__[self.name] = value
 
     def _allocate(self, obj: Any, value: Any, capacity: int) -> Any:
         try:
             return presized(value, capacity)
         except Exception as exc:
-            settings: Settings = obj.__dict__[SETTINGS_ATTR]
-            reason = f"allocating {self.name} with {capacity} rows failed: {exc}"
-            if settings.strict:
-                raise StagingError(reason) from exc
-            _deactivate(obj, reason, strict=False)
-            return value
+            # Only reached when vLLM's first output has fewer rows than a later descriptor needs: going
+            # on with vLLM's buffer would crash at that descriptor's staging copy, whatever the order.
+            raise StagingError(allocation_failure(obj, self.name, value, capacity, exc)) from exc
 
 
 @contextmanager
