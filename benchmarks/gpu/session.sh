@@ -1,0 +1,93 @@
+#!/usr/bin/env bash
+# One GPU-machine call per stage, each planned to end within STAGE_BUDGET seconds (default 510 = 8.5 min,
+# under the 10-minute limit of one call). Run from the project root on the GPU machine after the payload
+# is staged (bash .gpu/pK/device-stage.sh for every part; the last prints READY):
+#   bash benchmarks/gpu/session.sh kda|tp|pp-eagle3|parallel|decode
+# It installs the plugin into /tmp/site (so vLLM finds its entry point the real way), runs the stage's
+# boots under a deadline (no boot starts unless 1.3x the median boot still fits) and an outer `timeout`,
+# packs records, receipts, trimmed logs (full logs too while small), versions and the summary into
+# $OUT/<stage>.tar.gz, and prints the summary table last. Records live in /tmp/study/<stage>: calling a
+# stage again on the same warm machine runs only the boots still missing (--fill-to).
+# DRY_RUN=1 (any machine, with python3 having vLLM importable): installs nothing, prints the boots.
+#
+#   kda        Kimi-Linear 4-layer shape, n-gram 2 tokens, --use-replayssm, max_num_seqs 4, grid [1..16]
+#              (issue 10): vanilla x3 and plugin x3 through vllm.LLM, one `vllm serve` per arm answering a
+#              completion; 2 boots at once, one per GPU.                               about 5-6 min
+#   tp         Qwen3-0.6B tensor_parallel_size=2: stock/plugin under ascending, vanilla/plugin under
+#              descending (N=1), and `vllm serve --tensor-parallel-size 2` with the plugin under
+#              ascending (issue 11.1).                                                 about 5 min
+#   pp-eagle3  Qwen3-0.6B pipeline_parallel_size=2, the same four cells; then EAGLE3 (one-layer draft)
+#              beside Qwen3-0.6B on one GPU each, two at once (issue 11.2).            about 6-7 min
+#   parallel   tp, then pp, then eagle3, as far as the budget goes; call again to finish.
+#   decode     steady-state decode tokens/s, vanilla vs plugin under the default order, batch 1 and 64,
+#              Qwen3-0.6B on GPU 0 and Qwen3-8B on GPU 1, N=3 ABBA (issue 13.5).       about 5 min
+set -uo pipefail
+stage=${1:?usage: bash benchmarks/gpu/session.sh kda|tp|pp-eagle3|parallel|decode}
+here=$(cd "$(dirname "$0")" && pwd)
+cd "$here/../.."
+root=$(pwd)
+dry=${DRY_RUN:-0}
+py=${PYTHON:-python3}
+[[ $py == */* && $py != /* ]] && py=$root/$py  # the summary runs from the stage's folder
+budget=${STAGE_BUDGET:-510}
+out=${OUT:-/tmp/out}
+work=/tmp/study/$stage
+mkdir -p "$out" "$work"
+if [[ $dry != 1 ]]; then
+  [[ -f /tmp/site/env.sh ]] || { echo "no /tmp/site/env.sh: stage the payload first (bash .gpu/pK/device-stage.sh)"; exit 3; }
+  # shellcheck disable=SC1091
+  source /tmp/site/env.sh
+  $py -m pip install -q --no-index --no-deps --no-build-isolation --upgrade --target /tmp/site . \
+    || { echo "could not install the plugin into /tmp/site"; exit 4; }
+fi
+extra=(); [[ $dry == 1 ]] && extra=(--dry-run --gpus 2)
+
+left() { echo $((budget - SECONDS)); }
+study() {  # order_study.py run with the time left, 30 s kept for packing
+  local t; t=$(left)
+  if (( t < 90 )); then echo "budget: skipping study $*"; return 0; fi
+  timeout "$((t - 15))" $py benchmarks/order_study.py run --out "$work" --deadline "$((t - 30))" "${extra[@]}" "$@"
+}
+asc_desc=stock@ascending,plugin@ascending,vanilla@descending,plugin@descending
+
+{
+  nvidia-smi --query-gpu=index,name,driver_version,memory.total --format=csv,noheader
+  $py -c 'import sys, torch, vllm, importlib.metadata as m; print("python", sys.version.split()[0], "torch", torch.__version__, "vllm", vllm.__version__, "plugin", m.version("vllm-staging-plugin"))'
+  nproc; date -u +%FT%TZ
+} > "$work/env.txt" 2>&1
+cat "$work/env.txt"
+
+case $stage in
+  kda)
+    study --models kimi-linear-4l --plan vanilla@descending,plugin@descending --fill-to 3 \
+          --serve-plan vanilla@descending,plugin@descending --concurrent 2 --boot-timeout 420 ;;
+  tp)
+    study --models qwen3-0.6b --tp 2 --plan "$asc_desc" --fill-to 1 --serve-plan plugin@ascending ;;
+  pp-eagle3)
+    study --models qwen3-0.6b --pp 2 --plan "$asc_desc" --fill-to 1
+    study --models qwen3-0.6b-eagle3 --plan "$asc_desc" --fill-to 1 --concurrent 2 ;;
+  parallel)
+    study --models qwen3-0.6b --tp 2 --plan "$asc_desc" --fill-to 1 --serve-plan plugin@ascending
+    study --models qwen3-0.6b --pp 2 --plan "$asc_desc" --fill-to 1
+    study --models qwen3-0.6b-eagle3 --plan "$asc_desc" --fill-to 1 --concurrent 2 ;;
+  decode)
+    t=$(left)
+    timeout "$((t - 15))" $py benchmarks/decode_bench.py run --out "$work" --deadline "$((t - 40))" "${extra[@]}" \
+      --models qwen3-0.6b,qwen3-8b --batches 1,64 --reps 3 --max-tokens 128 ;;
+  *) echo "unknown stage $stage"; exit 2 ;;
+esac
+
+cd "$work"
+if [[ $stage == decode ]]; then
+  $py "$root/benchmarks/decode_bench.py" summarize . > summary.md 2>&1
+  keep=(decode.json receipts); logs=engines; trimmed=(engines/*/engine.trim.log)
+else
+  $py "$root/benchmarks/order_study.py" summarize . > summary.md 2>&1
+  keep=(boots receipts); logs=logs; trimmed=(logs/*.trim.log)
+fi
+# full engine logs while they are small (they compress about 10x; one returned file may hold 16 MiB)
+if [[ -d $logs && $(du -sm "$logs" | cut -f1) -lt 60 ]]; then keep+=("$logs"); else keep+=("${trimmed[@]}"); fi
+tar czf "$out/$stage.tar.gz" --ignore-failed-read env.txt summary.md models "${keep[@]}" 2>/dev/null
+ls -la "$out"
+echo "== $stage summary ($SECONDS s) =="
+cat summary.md
