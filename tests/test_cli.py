@@ -40,3 +40,19 @@ def test_bad_configuration_is_reported_with_exit_2(capsys: Any, monkeypatch: pyt
         "configuration: INVALID: STAGING_PLUGIN_ORDER='zigzag': unknown order policy"
         in capsys.readouterr().out
     )
+
+
+def test_json_and_gpu_need_serve_arguments() -> None:
+    """They belong to the pre-flight (`check -- ARGS`); the main job refuses them (argparse, exit 2)."""
+    with pytest.raises(SystemExit) as exc:
+        main(["check", "--json"])
+    assert exc.value.code == 2
+
+
+def test_main_job_says_not_installed(capsys: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    from vllm_staging_plugin import compat
+
+    monkeypatch.setattr(compat, "installed_versions", lambda: {"vllm": None, "torch": "2.13.0"})
+    assert main([]) == 1
+    out = capsys.readouterr().out
+    assert "installed: vllm not installed, torch 2.13.0" in out and "None" not in out

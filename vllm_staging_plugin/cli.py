@@ -1,4 +1,5 @@
-"""``vllm-staging-plugin``: check an installation on CPU (default) and compare receipts (``report``)."""
+"""``vllm-staging-plugin``: check an installation on CPU (default), pre-flight ``vllm serve`` arguments
+(``check -- ARGS``) and compare receipts (``report``)."""
 
 from __future__ import annotations
 
@@ -11,9 +12,12 @@ from pathlib import Path
 from typing import Any
 
 from . import __version__
+from .preflight import GPUS
 from .settings import ENV_ORDER, ENV_PRESIZE, ConfigError, Settings, read_settings
 
 MIB = 1024 * 1024
+# The main job shows a crash and its fix; the pre-flight (`check -- ARGS`) defaults to vLLM's own order.
+MAIN_JOB_ORDER = "ascending"
 
 
 def _shorten(values: Sequence[int], keep: int = 4) -> str:
@@ -44,13 +48,17 @@ def _plugin_env(**values: str) -> Iterator[None]:
                 os.environ[key] = old
 
 
+def _installed(versions: dict[str, str | None], dist: str) -> str:
+    return f"{dist} {versions[dist]}" if versions[dist] else f"{dist} not installed"
+
+
 def check(args: argparse.Namespace) -> int:
     """The main job: what is installed, whether the plugin would patch it, and a CPU replay."""
     from . import compat
 
     versions = compat.installed_versions()
     print(f"vllm-staging-plugin {__version__}")
-    print(f"installed: vllm {versions['vllm']}, torch {versions['torch']}")
+    print(f"installed: {_installed(versions, 'vllm')}, {_installed(versions, 'torch')}")
     try:
         settings = read_settings()
         from .policies import allowed_orders, validate_order
@@ -84,7 +92,7 @@ def check(args: argparse.Namespace) -> int:
         mode=args.mode, sizes=cpu_replay.default_sizes(args.max_size),
         max_num_seqs=args.max_num_seqs, hidden_size=args.hidden_size,
     )  # fmt: skip
-    order = Settings(order=args.order)
+    order = Settings(order=args.order or MAIN_JOB_ORDER)
 
     def reorder(descs: list[Any]) -> list[Any]:
         return order_descriptors(order, "replay", descs)
@@ -103,7 +111,7 @@ def check(args: argparse.Namespace) -> int:
     print(f"  capacity   {stock_default.capacity} rows")
     print(f"  staging    {_buffers(patched_default.buffers)}")
     print()
-    print(f"capture staging replayed under order '{args.order}':")
+    print(f"capture staging replayed under order '{order.order}':")
     for mode, tokens in stock.sequence.items():
         print(f"  {mode:<10} num_tokens {_shorten(tokens)}")
     print(f"  stock    {'OK' if stock.ok else 'CRASH'}: {stock.error or _buffers(stock.buffers)}")
@@ -128,8 +136,17 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="vllm-staging-plugin", description=__doc__)
     parser.add_argument("--version", action="version", version=__version__)
     sub = parser.add_subparsers(dest="command")
-    chk = sub.add_parser("check", help="(default) inspect vLLM and replay capture staging on CPU")
-    chk.add_argument("--order", default="ascending", help="order to replay (default: ascending)")
+    chk = sub.add_parser(
+        "check",
+        help="(default) inspect vLLM and replay capture staging on CPU; with `-- ARGS`, pre-flight the "
+        "arguments you would give `vllm serve` (docs/preflight.md)",
+        usage="%(prog)s [--order O] [--mode M] ... | %(prog)s [--order O] [--json] [--gpu G] -- SERVE_ARGS",
+    )
+    chk.add_argument("--order", default=None, help="order to replay (default: ascending; after `--`: "
+                     "$STAGING_PLUGIN_ORDER or descending, vLLM's own)")  # fmt: skip
+    chk.add_argument("--json", action="store_true", help="pre-flight only: print one JSON object")
+    chk.add_argument("--gpu", choices=sorted(GPUS), default=None,
+                     help="pre-flight only: the GPU emulated where there is none (default h200)")  # fmt: skip
     chk.add_argument("--mode", default="FULL_AND_PIECEWISE", help="cudagraph mode")
     chk.add_argument("--max-size", type=int, default=512, help="largest capture size")
     chk.add_argument("--max-num-seqs", type=int, default=128)
@@ -142,9 +159,22 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     words = list(sys.argv[1:] if argv is None else argv)
+    serve_args: list[str] | None = None
+    if "--" in words:  # everything after the first `--` belongs to `vllm serve`, unparsed here
+        cut = words.index("--")
+        words, serve_args = words[:cut], words[cut + 1 :]
     if not words or (words[0].startswith("-") and words[0] not in ("-h", "--help", "--version")):
         words.insert(0, "check")  # the default command takes its options without naming it
-    args = build_parser().parse_args(words)
+    parser = build_parser()
+    args = parser.parse_args(words)
     if args.command == "report":
+        if serve_args is not None:
+            parser.error("report takes no `-- VLLM_SERVE_ARGS`")
         return report_command(args)
+    if serve_args is not None:
+        from . import preflight
+
+        return preflight.main(serve_args, args.order, args.json, args.gpu or "h200")
+    if args.json or args.gpu:
+        parser.error("--json and --gpu need `-- VLLM_SERVE_ARGS` (the pre-flight); see docs/preflight.md")
     return check(args)
