@@ -44,7 +44,7 @@ def publish(store: Any, rank: int, plan: dict[str, Any]) -> None:
 
 def test_agreeing_ranks_pass(store: Any) -> None:
     publish(store, 1, plan_for("descending"))
-    check(plan_for("descending"), store, 0, 2, wait_seconds=5)
+    assert check(plan_for("descending"), store, 0, 2, wait_seconds=5) == 2
 
 
 @pytest.mark.parametrize(
@@ -102,8 +102,10 @@ for order in (os.environ["FIRST_ORDER"], "descending"):  # a split, then the sam
     os.environ["STAGING_PLUGIN_ORDER"] = order
     vllm_staging_plugin.register()
     with cpu_replay.cpu_stubs(cfg):
-        result = cpu_replay.run_capture(cpu_replay.build_manager(cfg), cfg)
-    out.append({"ok": result.ok, "error": result.error, "forwards": result.forwards})
+        manager = cpu_replay.build_manager(cfg)
+        result = cpu_replay.run_capture(manager, cfg)
+    out.append({"ok": result.ok, "error": result.error, "forwards": result.forwards,
+                "agreed": manager.__dict__.get("_vllm_staging_ranks_agreed")})
 print("RESULT:" + json.dumps(out))
 """
 
@@ -142,6 +144,7 @@ def test_a_misconfigured_rank_fails_every_rank_before_capture() -> None:
         assert "ranks [1]: STAGING_PLUGIN_ORDER=ascending" in split["error"]
         assert split["forwards"] == []  # failed before the first forward of the capture
         assert agreed["ok"] and agreed["forwards"][0] == 16, (rank, agreed)
+        assert agreed["agreed"] == 2  # both ranks' plans compared (recorded in receipts as ranks_agreed)
 
 
 def test_timeout_type_is_what_store_wait_takes() -> None:

@@ -49,7 +49,7 @@ def plan(settings: Settings, ordered: Mapping[Any, Sequence[Any]]) -> dict[str, 
     }
 
 
-def check(mine: dict[str, Any], store: Any, rank: int, world_size: int, wait_seconds: float) -> None:
+def check(mine: dict[str, Any], store: Any, rank: int, world_size: int, wait_seconds: float) -> int:
     """Publish ``mine`` as ``rank``, compare with every rank's; :class:`AgreementError` on a split."""
     prefix = f"{KEY_PREFIX}/{next(_round)}"
     store.set(f"{prefix}/{rank}", json.dumps(mine, sort_keys=True))
@@ -63,6 +63,8 @@ def check(mine: dict[str, Any], store: Any, rank: int, world_size: int, wait_sec
     plans = {int(key.rsplit("/", 1)[1]): json.loads(store.get(key)) for key in keys}
     if len({json.dumps(p, sort_keys=True) for p in plans.values()}) > 1:
         raise AgreementError(disagreement(plans))
+    logger.debug("vllm-staging-plugin: %d ranks agree on the capture plan %s", len(plans), mine["digest"])
+    return len(plans)
 
 
 def disagreement(plans: Mapping[int, Mapping[str, Any]]) -> str:
@@ -96,12 +98,13 @@ def _missing(mine: Mapping[str, Any], missing: list[int], wait_seconds: float) -
     logger.warning("%s Going on: under vLLM's own order they capture as this rank does.", text)
 
 
-def check_process_group(settings: Settings, ordered: Mapping[Any, Sequence[Any]]) -> None:
-    """:func:`check` over torch.distributed's default group, when this process is in one of size > 1."""
+def check_process_group(settings: Settings, ordered: Mapping[Any, Sequence[Any]]) -> int | None:
+    """:func:`check` over torch.distributed's default group; the ranks that agreed, None without a group."""
     import torch.distributed as dist
 
     if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() < 2:
-        return
+        return None
     from torch.distributed.distributed_c10d import _get_default_store
 
-    check(plan(settings, ordered), _get_default_store(), dist.get_rank(), dist.get_world_size(), WAIT_SECONDS)
+    world = dist.get_world_size()
+    return check(plan(settings, ordered), _get_default_store(), dist.get_rank(), world, WAIT_SECONDS)

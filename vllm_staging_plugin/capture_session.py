@@ -16,7 +16,7 @@ from typing import Any, TypeVar
 import torch
 
 from . import __version__
-from .patch import staging_tensors
+from .patch import AGREED_ATTR, staging_tensors
 from .policies import reordered
 from .receipts import SCHEMA, write_receipt
 from .settings import DEFAULT_ORDER, Settings
@@ -105,6 +105,7 @@ def _environment(manager: Any, settings: Settings, profiling: bool) -> dict[str,
         "requested_policy": settings.order,
         "presize": settings.presize,
         "rank": _rank(),
+        "ranks_agreed": manager.__dict__.get(AGREED_ATTR),
         "is_last_pp_rank": bool(getattr(manager, "is_last_pp_rank", True)),
         "pid": os.getpid(),
     }

@@ -47,6 +47,7 @@ logger = logging.getLogger("vllm.staging_plugin")
 ORIGINALS_ATTR = "_vllm_staging_plugin_originals"  # sentinel on the patched class
 CAPACITY_ATTR = "_vllm_staging_capacity"  # per manager: rows, present only while active
 SETTINGS_ATTR = "_vllm_staging_settings"
+AGREED_ATTR = "_vllm_staging_ranks_agreed"  # per manager: ranks whose plan matched (None: single process)
 STAGING_ATTRS = tuple(compat.STAGING_INITIAL)
 
 _state = {"warned": False, "announced": False}
@@ -185,7 +186,7 @@ def _check_ranks_agree(manager: Any, settings: Settings) -> None:
         from .policies import reordered
 
         descs = reordered(settings, descs)
-    check_process_group(settings, descs)
+    manager.__dict__[AGREED_ATTR] = check_process_group(settings, descs)
 
 
 # Patched class -> its capture-time subclass (with the staging data descriptors), built once.
