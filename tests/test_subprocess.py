@@ -153,3 +153,38 @@ def test_register_is_import_light() -> None:
     print("RESULT:" + json.dumps({"heavy": heavy}))
     """
     assert run(code, {})["heavy"] == []
+
+
+FRONT_END = """
+import json
+from vllm.engine.arg_utils import EngineArgs
+try:  # what `vllm serve` / `vllm.LLM` build first; vLLM loads general plugins in its __post_init__
+    EngineArgs(model="/nonexistent/model-never-read")
+    outcome = {"raised": None}
+except Exception as exc:
+    outcome = {"raised": type(exc).__name__, "message": str(exc)}
+print("RESULT:" + json.dumps(outcome))
+"""
+
+
+@pytest.mark.parametrize(
+    ("variable", "value", "named"),
+    [
+        ("STAGING_PLUGIN_ORDER", "fastest", "STAGING_PLUGIN_ORDER='fastest'"),
+        ("STAGING_PLUGIN_STRICT", "2", "STAGING_PLUGIN_STRICT='2'"),
+        ("STAGING_PLUGIN_PRESIZE", "maybe", "STAGING_PLUGIN_PRESIZE='maybe'"),
+    ],
+)
+def test_bad_value_stops_vllm_start_up_before_any_model_is_read(
+    variable: str, value: str, named: str
+) -> None:
+    """vLLM's own front-end path: EngineArgs loads the plugin, which rejects the value at once."""
+    result = run(FRONT_END, {"VLLM_PLUGINS": "vllm_staging_plugin", variable: value})
+    assert result["raised"] == "ConfigError"
+    assert named in result["message"] and "allowed values" in result["message"]
+
+
+def test_good_values_let_vllm_start_up_go_on() -> None:
+    """The test above is not vacuous: with valid values EngineArgs is built."""
+    result = run(FRONT_END, {"VLLM_PLUGINS": "vllm_staging_plugin", "STAGING_PLUGIN_ORDER": "ascending"})
+    assert result["raised"] is None
