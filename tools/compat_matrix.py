@@ -106,8 +106,12 @@ def overlay(version: str) -> tuple[Path, str]:
     return target, torch.group(1).replace(" ", "") if torch else "?"
 
 
-def run_release(version: str) -> dict[str, object]:
-    started = time.monotonic()
+def release_env(version: str) -> tuple[dict[str, str], dict[str, object], str]:
+    """PYTHONPATH overlay environment for ``version``, the plugin's verdict on it, and its torch pin.
+
+    Packages the release imports that 0.33.0's dependency set lacks are installed (no deps) into a
+    per-release folder on the same path. Also used by tools/stock_atlas.py.
+    """
     folder, torch = overlay(version)
     deps = CACHE / f"deps-{version}"
     env = {"PYTHONPATH": f"{folder}:{deps}", "PATH": "/usr/bin:/bin", "HOME": str(Path.home())}
@@ -134,6 +138,12 @@ def run_release(version: str) -> dict[str, object]:
     result["extra_packages"] = (
         sorted(p.name.split("-")[0] for p in deps.glob("*.dist-info")) if deps.is_dir() else extras
     )
+    return env, result, torch
+
+
+def run_release(version: str) -> dict[str, object]:
+    started = time.monotonic()
+    env, result, torch = release_env(version)
     tests = SUPPORTED_TESTS if result["verdict"] == "supported" else REFUSED_TESTS
     pytest = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *tests],

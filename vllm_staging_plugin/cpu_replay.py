@@ -46,6 +46,15 @@ class ReplayConfig:
     data_parallel_size: int = 1
     intermediate_keys: tuple[str, ...] = ("hidden_states", "residual")
     lora_capture_cases: list[int] | None = None
+    # Additive knobs (atlas, property tests); the defaults leave every earlier replay unchanged.
+    use_kda_recoverssm: bool = False  # cache_config.use_kda_recoverssm (0.30+): PIECEWISE capped at decode
+    varlen_decode: bool = False  # adaptive verification's varlen FULL decode graphs (0.28+)
+    dbo: bool = False  # dual-batch overlap: a ubatch runner, so FULL descriptors get microbatch twins (0.30+)
+    dbo_decode_token_threshold: int = 32  # parallel_config.dbo_decode_token_threshold (vLLM's default)
+    speculative_schedule: tuple[tuple[int, int, int], ...] | None = None
+    """Dynamic speculative decoding's (first batch size, last, draft tokens) tiers: the dense decode
+    schedule (0.26+); ``decode_query_len - 1`` is the configured number of speculative tokens."""
+    output: str = "zeros"  # "pattern": rows depend on (num_tokens, row, column), so contents can be compared
 
 
 @dataclass
@@ -81,7 +90,73 @@ def make_vllm_config(cfg: ReplayConfig) -> Any:
     compilation.cudagraph_capture_sizes = sorted(cfg.sizes)
     compilation.max_cudagraph_capture_size = max(cfg.sizes) if cfg.sizes else 0
     compilation.post_init_cudagraph_sizes()
+    if cfg.use_kda_recoverssm:
+        vllm_config.cache_config.use_kda_recoverssm = True
+    if cfg.speculative_schedule is not None:
+        vllm_config.speculative_config = speculative_config(
+            cfg.decode_query_len - 1, cfg.speculative_schedule
+        )
+    if cfg.dbo:
+        parallel.enable_dbo = True
+        parallel.dbo_decode_token_threshold = cfg.dbo_decode_token_threshold
     return vllm_config
+
+
+def speculative_config(
+    num_speculative_tokens: int, schedule: Sequence[tuple[int, int, int]] | None = None
+) -> Any:
+    """A real n-gram ``SpeculativeConfig`` (needs no draft model), with a dynamic schedule if given."""
+    from vllm.config import SpeculativeConfig
+
+    extra = {"num_speculative_tokens_per_batch_size": [tuple(t) for t in schedule]} if schedule else {}
+    return SpeculativeConfig(
+        method="ngram", num_speculative_tokens=num_speculative_tokens, prompt_lookup_max=2, **extra
+    )
+
+
+def derived_capture_sizes(
+    max_num_seqs: int,
+    num_speculative_tokens: int = 0,
+    schedule: Sequence[tuple[int, int, int]] | None = None,
+    max_cudagraph_capture_size: int | None = None,
+    max_num_batched_tokens: int = 8192,
+) -> list[int]:
+    """The capture grid vLLM derives itself (``VllmConfig._set_cudagraph_sizes``, no explicit sizes).
+
+    Runs vLLM's own code on a real ``VllmConfig``; only the model config is a stand-in (the grid reads
+    nothing from it but ``enforce_eager``). The platform is CPU, so the default ceiling is 512 (as on
+    Hopper; data-centre Blackwell uses 1024).
+    """
+    from vllm.config.compilation import CUDAGraphMode
+
+    vllm_config = make_vllm_config(ReplayConfig(sizes=(1,)))
+    if num_speculative_tokens:
+        vllm_config.speculative_config = speculative_config(num_speculative_tokens, schedule)
+    vllm_config.scheduler_config.max_num_seqs = max_num_seqs
+    vllm_config.scheduler_config.max_num_batched_tokens = max_num_batched_tokens
+    compilation = vllm_config.compilation_config
+    compilation.cudagraph_mode = CUDAGraphMode.FULL_AND_PIECEWISE
+    compilation.cudagraph_capture_sizes = None
+    compilation.max_cudagraph_capture_size = max_cudagraph_capture_size
+    vllm_config.model_config = types.SimpleNamespace(enforce_eager=False)
+    vllm_config._set_cudagraph_sizes()
+    return list(compilation.cudagraph_capture_sizes)
+
+
+def features() -> dict[str, bool]:
+    """Which descriptor knobs the installed release has, read from its structure (not its version)."""
+    cu = cudagraph_module()
+    params = inspect.signature(cu.ModelCudaGraphManager.__init__).parameters
+    candidates = inspect.getsource(cu.CudaGraphManager._init_candidates)
+    return {
+        "lora_capture_cases": "lora_capture_cases" in params,
+        "varlen_decode": "varlen_decode" in params,
+        "dbo": "ubatch_runner" in params and "_maybe_ubatch_twin" in candidates,
+        "kda_recoverssm": "use_kda_recoverssm" in candidates,
+        "dense_schedule": "uses_dynamic_speculative_decoding" in candidates,
+        "intermediate_tensors": "intermediate_tensors"
+        in inspect.getsource(cu.ModelCudaGraphManager.__init__),
+    }
 
 
 class _FakeModel(torch.nn.Module):  # type: ignore[misc]
@@ -96,12 +171,26 @@ class _FakeModel(torch.nn.Module):  # type: ignore[misc]
         assert positions is not None
         n, cfg = positions.shape[0], self.cfg
         self.forwards.append(n)
+        if cfg.output == "pattern":
+            if not cfg.last_pp_rank:
+                return IntermediateTensors(
+                    {k: _pattern(n, cfg, i) for i, k in enumerate(cfg.intermediate_keys)}
+                )
+            if cfg.aux_layers:
+                return _pattern(n, cfg, 0), [_pattern(n, cfg, i + 1) for i in range(cfg.aux_layers)]
+            return _pattern(n, cfg, 0)
         hidden = torch.zeros(n, cfg.hidden_size, dtype=cfg.dtype)
         if not cfg.last_pp_rank:
             return IntermediateTensors({k: hidden.clone() for k in cfg.intermediate_keys})
         if cfg.aux_layers:
             return hidden, [hidden.clone() for _ in range(cfg.aux_layers)]
         return hidden
+
+
+def _pattern(n: int, cfg: ReplayConfig, salt: int) -> torch.Tensor:
+    """Small integers (exact in every float dtype) that differ per forward size, row, column and output."""
+    values = torch.arange(n * cfg.hidden_size).reshape(n, cfg.hidden_size) + 7 * n + 31 * salt
+    return (values % 97).to(cfg.dtype)
 
 
 @contextlib.contextmanager
@@ -142,6 +231,11 @@ def cpu_stubs(cfg: ReplayConfig) -> Iterator[types.ModuleType]:
         (cu.CudaGraphManager, "capture", stored_order_capture),
         (platform_cls, "_global_graph_pool", ("cpu-replay-pool",)),
     ]
+    if cfg.dbo:  # the microbatched capture path prepares a dummy batch and DCP context (CUDA edges)
+        replacements += [
+            (cu, name, lambda *a, **k: None) for name in ("set_dcp_capture_context",) if hasattr(cu, name)
+        ]
+        replacements.append((cu, "InputBatch", types.SimpleNamespace(make_dummy=lambda *a, **k: None)))
     saved = [(obj, name, obj.__dict__.get(name, _MISSING)) for obj, name, _ in replacements]
     try:
         for obj, name, value in replacements:
@@ -158,12 +252,41 @@ def cpu_stubs(cfg: ReplayConfig) -> Iterator[types.ModuleType]:
 _MISSING = object()
 
 
+class _FakeUbatchRunner:
+    """DBO's runner without threads or streams: the microbatched forward runs the model once."""
+
+    capture_stream = None
+
+    def prepare(self, *args: Any, **kwargs: Any) -> None:
+        return None
+
+    def begin_capturable_run(
+        self, model: Any, model_inputs: dict[str, Any], state: Any, **kwargs: Any
+    ) -> Callable[[], Any]:
+        return lambda: model(**model_inputs)
+
+    def abort_pending_run(self) -> None:
+        return None
+
+
+class _FakeBlockTables:
+    def get_dummy_block_tables(self, num_reqs: int) -> None:
+        return None
+
+    def get_dummy_slot_mappings(self, num_tokens: int) -> None:
+        return None
+
+
 def build_manager(cfg: ReplayConfig) -> Any:
     """The real ``ModelCudaGraphManager`` for ``cfg`` (call inside :func:`cpu_stubs`)."""
     from vllm.config.compilation import CUDAGraphMode
 
     cu = cudagraph_module()
-    kwargs = {"lora_capture_cases": cfg.lora_capture_cases} if cfg.lora_capture_cases else {}
+    kwargs: dict[str, Any] = {"lora_capture_cases": cfg.lora_capture_cases} if cfg.lora_capture_cases else {}
+    if cfg.varlen_decode:
+        kwargs["varlen_decode"] = True
+    if cfg.dbo:
+        kwargs["ubatch_runner"] = _FakeUbatchRunner()
     return cu.ModelCudaGraphManager(
         make_vllm_config(cfg), torch.device("cpu"), CUDAGraphMode[cfg.mode], cfg.decode_query_len,
         **kwargs,
@@ -198,6 +321,8 @@ def run_capture(manager: Any, cfg: ReplayConfig, reorder: Reorder | None = None)
         "block_tables": None, "attn_groups": [], "attn_metadata_builders": [], "has_lora": False,
         "kv_cache_config": kv_cache_config, "use_aux_hidden_state_outputs": cfg.aux_layers > 0,
     }  # fmt: skip
+    if cfg.dbo:  # the microbatched capture asks the block tables for dummy tables and slot mappings
+        available["block_tables"] = _FakeBlockTables()
     try:
         manager.capture(**_arguments_for(type(manager).capture, available))
     except Exception as exc:
@@ -238,6 +363,16 @@ def replay(cfg: ReplayConfig, patched: bool, reorder: Reorder | None = None) -> 
     """Build the real manager and run its capture staging, stock or patched."""
     with cpu_stubs(cfg), stock_or_patched(patched):
         return run_capture(build_manager(cfg), cfg, reorder)
+
+
+def replay_tensors(
+    cfg: ReplayConfig, patched: bool, reorder: Reorder | None = None
+) -> tuple[ReplayResult, dict[str, torch.Tensor]]:
+    """:func:`replay`, plus the staging tensors themselves (by display name) for byte comparisons."""
+    with cpu_stubs(cfg), stock_or_patched(patched):
+        manager = build_manager(cfg)
+        result = run_capture(manager, cfg, reorder)
+    return result, dict(staging_patch.staging_tensors(manager))
 
 
 def ascending(descs: list[Any]) -> list[Any]:
