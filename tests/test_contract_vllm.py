@@ -237,7 +237,7 @@ def test_bad_order_fails_register_and_manager_construction_before_anything_is_bu
 
     vllm_staging_plugin.register()
     monkeypatch.setenv("STAGING_PLUGIN_ORDER", "fastest")
-    with pytest.raises(ConfigError, match="STAGING_PLUGIN_ORDER='fastest'.*allowed values"):
+    with pytest.raises(ConfigError, match=r"STAGING_PLUGIN_ORDER='fastest'.*allowed values"):
         vllm_staging_plugin.register()  # at plugin loading, before vLLM loads any model
     # A process whose environment changes after register() still fails before vLLM builds anything.
     module = cpu_replay.cudagraph_module()

@@ -220,7 +220,8 @@ def test_strict_allocation_failure_raises(
     mocker.patch.object(patch, "presized", side_effect=RuntimeError("boom"))
     manager = build(fake_module.ModelCudaGraphManager)
     ascending(manager)
-    with pytest.raises(StagingError, match=r"allocating hidden_states with 8 rows failed \(RuntimeError: boom\)"):
+    failed = r"allocating hidden_states with 8 rows failed \(RuntimeError: boom\)"
+    with pytest.raises(StagingError, match=failed):
         manager.capture()
 
 

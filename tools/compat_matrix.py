@@ -57,7 +57,13 @@ ALL = [
     "0.32.0",
     "0.33.0",
 ]
-SUPPORTED_TESTS = ["tests/test_contract_vllm.py", "tests/test_cli.py", "tests/test_release_support.py"]
+SUPPORTED_TESTS = [
+    "tests/test_contract_vllm.py",
+    "tests/test_contract_guarantees.py",
+    "tests/test_properties.py",
+    "tests/test_cli.py",
+    "tests/test_release_support.py",
+]
 REFUSED_TESTS = ["tests/test_release_support.py"]
 PROBE = """
 import json
