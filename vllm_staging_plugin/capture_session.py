@@ -17,7 +17,6 @@ import torch
 
 from . import __version__
 from .patch import AGREED_ATTR, staging_tensors
-from .policies import reordered
 from .receipts import SCHEMA, write_receipt
 from .settings import DEFAULT_ORDER, Settings
 from .sizing import capture_sequence, staging_bytes, staging_capacity
@@ -27,14 +26,16 @@ _T = TypeVar("_T")
 
 
 @contextmanager
-def capture_session(manager: Any, settings: Settings, profiling: bool) -> Iterator[None]:
-    reorder = settings.order != DEFAULT_ORDER and not profiling
-    if not reorder and settings.receipts_dir is None:
+def capture_session(
+    manager: Any, settings: Settings, profiling: bool, ordered: dict[Any, list[Any]] | None = None
+) -> Iterator[None]:
+    """``ordered``: the descriptors in policy order for this capture (None keeps vLLM's order)."""
+    if ordered is None and settings.receipts_dir is None:
         yield  # vLLM's order, no receipts: nothing to do, not even a synchronize
         return
     stock_descs = manager._capture_descs
-    if reorder:
-        manager._capture_descs = reordered(settings, stock_descs)
+    if ordered is not None:
+        manager._capture_descs = ordered
     receipt = _guarded("start the receipt", _start_receipt, manager, settings, profiling)
     started = time.perf_counter()
     try:

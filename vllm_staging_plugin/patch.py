@@ -168,25 +168,21 @@ def _wrap_capture(original: Callable[..., Any]) -> Callable[..., Any]:
         if CAPACITY_ATTR in self.__dict__:
             ensure_capacity(self)
         profiling = getattr(self, "_max_full_descs_to_capture", None) is not None
-        if not profiling:
-            _check_ranks_agree(self, settings)
+        ordered = None  # this capture's descriptors in policy order; vLLM's own when None
+        if not profiling:  # vLLM's profiling pass always keeps vLLM's order (it samples the largest)
+            if settings.order != DEFAULT_ORDER:
+                from .policies import reordered
+
+                ordered = reordered(settings, self._capture_descs)
+            from .agreement import check_process_group
+
+            self.__dict__[AGREED_ATTR] = check_process_group(settings, ordered or self._capture_descs)
         from .capture_session import capture_session
 
-        with capture_session(self, settings, profiling), _intercepting_staging(self):
+        with capture_session(self, settings, profiling, ordered), _intercepting_staging(self):
             return original(self, *args, **kwargs)
 
     return capture
-
-
-def _check_ranks_agree(manager: Any, settings: Settings) -> None:
-    from .agreement import check_process_group
-
-    descs = manager._capture_descs
-    if settings.order != DEFAULT_ORDER:
-        from .policies import reordered
-
-        descs = reordered(settings, descs)
-    manager.__dict__[AGREED_ATTR] = check_process_group(settings, descs)
 
 
 # Patched class -> its capture-time subclass (with the staging data descriptors), built once.
@@ -325,7 +321,8 @@ class _StagingSlot:
 
     def __set__(self, obj: Any, value: Any) -> None:
         capacity = obj.__dict__.get(CAPACITY_ATTR)
-        if capacity and _is_empty(obj.__dict__.get(self.name)) and (_rows(value) or capacity) < capacity:
+        rows = _rows(value)
+        if capacity and _is_empty(obj.__dict__.get(self.name)) and rows is not None and rows < capacity:
             value = self._allocate(obj, value, capacity)  # vLLM's first output is short: grow it
         obj.__dict__[self.name] = value
 
