@@ -2,13 +2,14 @@
 
 For each release: download its wheel (no dependencies), overlay its Python files (compiled extensions do
 not load without a GPU driver and the tests do not need them) on the environment of .ci/setup (vLLM
-0.33.0's CPU dependency set, torch 2.13.0+cpu), ask the plugin's own structure checks whether it would
+0.33.0's dependency set with torch 2.13.0+cpu), ask the plugin's own structure checks whether it would
 patch, then run the release tests with that overlay first on PYTHONPATH:
 
-  supported -> tests/test_contract_vllm.py, tests/test_cli.py, tests/test_release_support.py
+  supported -> tests/test_contract_vllm.py, tests/test_contract_guarantees.py, tests/test_properties.py,
+               tests/test_cli.py, tests/test_release_support.py
   refused   -> tests/test_release_support.py (the plugin leaves vLLM untouched, one warning)
 
-  .venv/bin/python tools/compat_matrix.py 0.18.0 0.24.0 [--markdown docs/compatibility.md]
+  .venv/bin/python tools/compat_matrix.py 0.18.0 0.24.0 [--json rows.json]   # prints a markdown table
   .venv/bin/python tools/compat_matrix.py --all   # 0.14.0 ... 0.33.0
 """
 

@@ -5,7 +5,7 @@
 # and keeps them git-ignored. Then one GPU-machine run per part, back to back (the machine stays warm
 # only about 30 s between runs), carrying .gpu/pK:   bash .gpu/pK/device-stage.sh
 # The last part prints READY; later commands in that run and in later runs on the same warm machine
-# start with:  source /tmp/site/env.sh  (see docs/results.md, "Rerunning on a GPU machine")
+# start with:  source /tmp/site/env.sh  (see docs/results.md, "Reproduce")
 set -euo pipefail
 ver=${1:-0.33.0}
 here=$(cd "$(dirname "$0")" && pwd)
