@@ -4,16 +4,14 @@
 from __future__ import annotations
 
 import argparse
-import contextlib
-import os
 import sys
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from . import __version__
 from .preflight import GPUS
-from .settings import ENV_ORDER, ENV_PRESIZE, ConfigError, Settings, read_settings
+from .settings import ENV_ORDER, ENV_PRESIZE, ConfigError, Settings, read_settings, scoped_environ
 
 MIB = 1024 * 1024
 # The main job shows a crash and its fix; the pre-flight (`check -- ARGS`) defaults to vLLM's own order.
@@ -32,20 +30,6 @@ def _buffers(buffers: dict[str, dict[str, Any]]) -> str:
     return "; ".join(
         f"{name} {b['shape']} {b['dtype']} = {b['bytes'] / MIB:.2f} MiB" for name, b in buffers.items()
     )
-
-
-@contextlib.contextmanager
-def _plugin_env(**values: str) -> Iterator[None]:
-    saved = {k: os.environ.get(k) for k in values}
-    os.environ.update(values)
-    try:
-        yield
-    finally:
-        for key, old in saved.items():
-            if old is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = old
 
 
 def _installed(versions: dict[str, str | None], dist: str) -> str:
@@ -97,7 +81,7 @@ def check(args: argparse.Namespace) -> int:
     def reorder(descs: list[Any]) -> list[Any]:
         return order_descriptors(order, "replay", descs)
 
-    with _plugin_env(**{ENV_ORDER: "descending", ENV_PRESIZE: "on"}):
+    with scoped_environ({ENV_ORDER: "descending", ENV_PRESIZE: "on"}):
         stock_default = cpu_replay.replay(cfg, patched=False)
         patched_default = cpu_replay.replay(cfg, patched=True)
         stock = cpu_replay.replay(cfg, patched=False, reorder=reorder)

@@ -27,7 +27,16 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from . import __version__
-from .settings import ENV_DISABLE, ENV_ORDER, ENV_PRESIZE, ENV_RECEIPTS_DIR, ENV_STRICT, ConfigError, Settings
+from .settings import (
+    ENV_DISABLE,
+    ENV_ORDER,
+    ENV_PRESIZE,
+    ENV_RECEIPTS_DIR,
+    ENV_STRICT,
+    ConfigError,
+    Settings,
+    scoped_environ,
+)
 
 EXIT_BOOTS, EXIT_FAILS, EXIT_BAD_ARGUMENTS, EXIT_CANNOT_CHECK_HERE = 0, 1, 2, 3
 MIB = 1024 * 1024
@@ -489,18 +498,9 @@ def _plugin_environment(order: str) -> Iterator[None]:
 
     Strict, so a plugin that would refuse this vLLM raises instead of silently leaving it stock.
     """
-    values = {ENV_ORDER: order, ENV_PRESIZE: "on", ENV_STRICT: "1", ENV_DISABLE: "0"}
-    saved = {k: os.environ.get(k) for k in (*values, ENV_RECEIPTS_DIR)}
-    os.environ.update(values)
-    os.environ.pop(ENV_RECEIPTS_DIR, None)
-    try:
+    values = {ENV_ORDER: order, ENV_PRESIZE: "on", ENV_STRICT: "1", ENV_DISABLE: "0", ENV_RECEIPTS_DIR: None}
+    with scoped_environ(values):
         yield
-    finally:
-        for key, old in saved.items():
-            if old is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = old
 
 
 def _replay_arm(vllm_config: Any, inputs: ManagerInputs, patched: bool) -> tuple[Arm, dict[str, list[int]]]:
