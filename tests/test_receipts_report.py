@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-from vllm_staging_plugin import receipts
-from vllm_staging_plugin.report import report, summarize
+from vllm_staging_plugin import cli, receipts
+from vllm_staging_plugin.report import ReportError, report, summarize
 
 ROOT = Path(__file__).resolve().parents[1]
 H200 = ROOT / "docs" / "data" / "h200-2026-11-29" / "receipts"
@@ -18,7 +18,9 @@ H200 = ROOT / "docs" / "data" / "h200-2026-11-29" / "receipts"
 
 def sample(**overrides: Any) -> dict[str, Any]:
     base = {field: None for field in receipts.REQUIRED_FIELDS}
-    base.update(schema=receipts.SCHEMA, kind="capture", ok=True, rank=0, pid=1, created_unix=1.0)
+    base.update(
+        schema=receipts.SCHEMA, kind="capture", ok=True, rank=0, pid=1, created_unix=1.0, presize="on"
+    )
     return base | overrides
 
 
@@ -83,6 +85,127 @@ def test_plot_is_written(tmp_path: Path) -> None:
     assert target.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and target.stat().st_size > 10_000
 
 
-def test_report_on_empty_directory(tmp_path: Path) -> None:
-    (tmp_path / "receipt-x.json").write_text(json.dumps({"schema": "other"}))
-    assert report(tmp_path) == f"no capture receipts in {tmp_path}"
+# ---- bad input to `report`: partial copies, foreign files, missing or empty directories ---------------
+
+
+def _skipped(directory: Path) -> tuple[list[dict[str, Any]], list[tuple[str, str]]]:
+    seen: list[tuple[str, str]] = []
+    loaded = receipts.read_receipts(directory, lambda path, why: seen.append((path.name, why)))
+    return loaded, seen
+
+
+def test_unreadable_and_foreign_receipts_are_skipped_one_warning_each(tmp_path: Path) -> None:
+    good = receipts.write_receipt(tmp_path / "host-a", sample(policy="descending", pid=7))
+    bad = {
+        "receipt-torn.json": '{"schema": "vllm-staging-plugin/receipt/v1", "kind": "cap',  # partial copy
+        "receipt-notjson.json": "{not json",
+        "receipt-other.json": json.dumps({"schema": "someone-else/v3", "kind": "capture"}),
+        "receipt-list.json": "[1, 2]",
+        "receipt-short.json": json.dumps({"schema": receipts.SCHEMA, "kind": "capture"}),
+        "receipt-binary.json": b"\xff\xfe\x00",
+    }
+    for name, content in bad.items():
+        target = tmp_path / "host-b" / name
+        target.parent.mkdir(exist_ok=True)
+        target.write_bytes(content if isinstance(content, bytes) else content.encode())
+    (tmp_path / "host-b" / "notes.json").write_text("{not a receipt name either")  # not named like one
+    loaded, seen = _skipped(tmp_path)
+    assert [r["pid"] for r in loaded] == [7] and good.exists()
+    assert sorted(name for name, _ in seen) == sorted(bad)  # each once, named; notes.json is not a receipt
+    why = dict(seen)
+    assert why["receipt-notjson.json"].startswith("not JSON") and why["receipt-torn.json"].startswith(
+        "not JSON"
+    )
+    assert (
+        "schema: 'someone-else/v3'" in why["receipt-other.json"]
+        and "schema: 'list'" in why["receipt-list.json"]
+    )
+    assert why["receipt-short.json"].startswith("incomplete receipt, lacks fields: ")
+    assert why["receipt-binary.json"].startswith("unreadable (UnicodeDecodeError")
+
+
+def test_skipped_files_warn_through_the_plugin_logger_by_default(tmp_path: Path, plugin_log: Any) -> None:
+    (tmp_path / "receipt-x.json").write_text("{not json")
+    assert receipts.read_receipts(tmp_path) == []
+    assert (
+        len(plugin_log.warnings) == 1
+        and f"skipped {tmp_path / 'receipt-x.json'}: not JSON" in (plugin_log.warnings[0])
+    )
+
+
+def test_report_goes_on_past_a_bad_receipt(tmp_path: Path, capsys: Any) -> None:
+    receipts.write_receipt(tmp_path, sample(policy="descending", graph_pool_reserved_bytes=2 * 2**20))
+    (tmp_path / "receipt-bad.json").write_text("{not json")
+    table = report(tmp_path)
+    assert "plugin  descending  1/1   2.00 [2.00-2.00]" in table
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 1 and err[0].startswith(
+        f"vllm-staging-plugin report: skipped {tmp_path / 'receipt-bad.json'}"
+    )
+
+
+def test_cli_report_on_a_directory_of_only_bad_receipts_fails(tmp_path: Path, capsys: Any) -> None:
+    (tmp_path / "receipt-a.json").write_text("{not json")
+    (tmp_path / "receipt-b.json").write_text(json.dumps({"schema": "other"}))
+    with pytest.raises(SystemExit) as stop:
+        cli.main(["report", str(tmp_path)])
+    assert (
+        stop.value.code
+        == f"vllm-staging-plugin report: no capture receipts in {tmp_path} (2 file(s) skipped, see above)"
+    )
+    assert len(capsys.readouterr().err.splitlines()) == 2  # one warning per file
+
+
+@pytest.mark.parametrize("case", ["missing", "empty", "a file", "profiling only"])
+def test_cli_report_without_capture_receipts_exits_non_zero(case: str, tmp_path: Path) -> None:
+    target = {"missing": tmp_path / "nonexistent", "a file": tmp_path / "receipt.json"}.get(case, tmp_path)
+    if case == "a file":
+        target.write_text("{}")
+    if case == "profiling only":
+        receipts.write_receipt(tmp_path, sample(kind="profiling"))
+    expected = {
+        "missing": f"no such directory: {target}",
+        "a file": f"not a directory: {target}",
+    }.get(case, f"no capture receipts in {target}")
+    with pytest.raises(ReportError) as stop:
+        cli.main(["report", str(target)])
+    assert stop.value.code == f"vllm-staging-plugin report: {expected}"
+    # SystemExit with a message: Python prints it to stderr and exits with status 1
+    assert isinstance(stop.value, SystemExit) and not isinstance(stop.value.code, int)
+
+
+# ---- several ranks: one row per rank, each against its own rank's baseline --------------------------
+
+
+def _ranked(rank: int, policy: str, pool_mib: int, **extra: Any) -> dict[str, Any]:
+    return sample(
+        rank=rank, policy=policy, graph_pool_reserved_bytes=pool_mib * 2**20, architecture="Qwen3",
+        capture_sizes=[1, 2], **extra,
+    )  # fmt: skip
+
+
+def test_report_groups_receipts_per_rank(tmp_path: Path) -> None:
+    for rank, (desc, asc) in enumerate([(10, 15), (4, 4)]):  # PP: rank 0 stages more than rank 1
+        for _ in range(2):
+            receipts.write_receipt(tmp_path, _ranked(rank, "descending", desc))
+            receipts.write_receipt(tmp_path, _ranked(rank, "ascending", asc))
+    rows = {(r.policy, r.rank): r for r in summarize(receipts.read_receipts(tmp_path))}
+    assert set(rows) == {(p, r) for p in ("descending", "ascending") for r in (0, 1)}
+    assert {r.n for r in rows.values()} == {2}  # not 4: ranks are not pooled
+    pool = "graph_pool_reserved_bytes"
+    assert rows[("ascending", 0)].ratios[pool] == 1.5 and rows[("ascending", 1)].ratios[pool] == 1.0
+    table = report(tmp_path).splitlines()
+    assert table[1].split()[:4] == ["arm", "policy", "rank", "ok/N"]
+    assert [line.split()[:4] for line in table[2:6]] == [
+        ["plugin", "descending", "0", "2/2"],
+        ["plugin", "descending", "1", "2/2"],
+        ["plugin", "ascending", "0", "2/2"],
+        ["plugin", "ascending", "1", "2/2"],
+    ]
+    assert "each rank is compared with its own rank's descending run" in table[-1]
+
+
+def test_single_rank_report_has_no_rank_column(tmp_path: Path) -> None:
+    receipts.write_receipt(tmp_path, _ranked(3, "descending", 10))
+    table = report(tmp_path)
+    assert "rank" not in table.splitlines()[1] and "own rank" not in table

@@ -1,10 +1,15 @@
-"""Compare capture orders from a directory of receipts: N, median/min/max, ratio to descending."""
+"""Compare capture orders from a directory of receipts: N, median/min/max, ratio to descending.
+
+Receipts of several ranks (tensor/pipeline parallel) are reported per rank, each against its own rank's
+baseline, with a ``rank`` column; single-rank data prints exactly as before (no such column).
+"""
 
 from __future__ import annotations
 
 import statistics
+import sys
 from collections import defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -35,6 +40,15 @@ class Row:
     ok: int
     stats: dict[str, Stat | None]
     ratios: dict[str, float | None]
+    rank: int = 0
+
+
+class ReportError(SystemExit):
+    """Nothing to report (missing, not a directory, or no capture receipt): the command exits non-zero.
+
+    A ``SystemExit`` so that ``vllm-staging-plugin report`` prints the message and exits with status 1
+    instead of printing a table-less success; library callers can catch it by name.
+    """
 
 
 def config_label(receipt: dict[str, Any]) -> str:
@@ -50,37 +64,52 @@ def arm(receipt: dict[str, Any]) -> str:
     return "plugin" if receipt.get("presize", "on") == "on" else "stock"
 
 
+def rank_of(receipt: dict[str, Any]) -> int:
+    rank = receipt.get("rank")
+    return rank if isinstance(rank, int) and not isinstance(rank, bool) else 0
+
+
 def _stat(values: Sequence[float]) -> Stat | None:
     return Stat(statistics.median(values), min(values), max(values)) if values else None
 
 
 def summarize(receipts: Iterable[dict[str, Any]]) -> list[Row]:
-    """Rows per (configuration, arm, policy) over real-capture receipts (profiling ones are skipped)."""
-    groups: dict[tuple[str, str, str], list[dict[str, Any]]] = defaultdict(list)
+    """Rows per (configuration, arm, policy, rank) over real-capture receipts (profiling ones are skipped)."""
+    groups: dict[tuple[str, str, str, int], list[dict[str, Any]]] = defaultdict(list)
     for r in receipts:
         if r.get("kind") == "capture":
-            groups[(config_label(r), arm(r), str(r["policy"]))].append(r)
+            groups[(config_label(r), arm(r), str(r["policy"]), rank_of(r))].append(r)
     rows = []
-    for (config, side, policy), items in groups.items():
+    for (config, side, policy, rank), items in groups.items():
         good = [r for r in items if r.get("ok")]
         stats = {key: _stat([float(r[key]) for r in good if r.get(key) is not None]) for key, _, _ in METRICS}
-        rows.append(Row(config, side, policy, len(items), len(good), stats, {}))
+        rows.append(Row(config, side, policy, len(items), len(good), stats, {}, rank))
     for row in rows:
-        base = _baseline(rows, row.config)
+        base = _baseline(rows, row.config, row.rank)
         for key, _, _ in METRICS:
             mine, ref = row.stats.get(key), base.stats.get(key) if base else None
             row.ratios[key] = mine.median / ref.median if mine and ref and ref.median else None
     order = {"descending": 0, "ascending": 1, "max-first": 2}
-    return sorted(rows, key=lambda r: (r.config, r.arm != "stock", order.get(r.policy, 3), r.policy))
+    return sorted(rows, key=lambda r: (r.config, r.arm != "stock", order.get(r.policy, 3), r.policy, r.rank))
 
 
-def _baseline(rows: list[Row], config: str) -> Row | None:
-    """Stock descending when the directory has it, else the plugin's descending."""
+def _baseline(rows: list[Row], config: str, rank: int) -> Row | None:
+    """This rank's stock descending when the directory has it, else its plugin descending."""
     for side in ("stock", "plugin"):
         for row in rows:
-            if (row.config, row.arm, row.policy, row.ok > 0) == (config, side, "descending", True):
+            if (row.config, row.rank, row.arm, row.policy, row.ok > 0) == (
+                config,
+                rank,
+                side,
+                "descending",
+                True,
+            ):
                 return row
     return None
+
+
+def _many_ranks(rows: list[Row]) -> bool:
+    return len({r.rank for r in rows}) > 1
 
 
 def _fmt(stat: Stat | None, scale: float) -> str:
@@ -90,14 +119,16 @@ def _fmt(stat: Stat | None, scale: float) -> str:
 
 
 def format_table(rows: list[Row]) -> str:
-    header = ["arm", "policy", "ok/N"]
-    for _, label, _ in METRICS:
-        header += [f"{label} med [min-max]", "x desc"]
     lines: list[str] = []
     for config in dict.fromkeys(r.config for r in rows):
+        mine = [r for r in rows if r.config == config]
+        ranked = _many_ranks(mine)  # a rank column only where several ranks wrote receipts
+        header = ["arm", "policy", *(["rank"] if ranked else []), "ok/N"]
+        for _, label, _ in METRICS:
+            header += [f"{label} med [min-max]", "x desc"]
         body = [header]
-        for r in (r for r in rows if r.config == config):
-            cells = [r.arm, r.policy, f"{r.ok}/{r.n}"]
+        for r in mine:
+            cells = [r.arm, r.policy, *([str(r.rank)] if ranked else []), f"{r.ok}/{r.n}"]
             for key, _, scale in METRICS:
                 ratio = r.ratios.get(key)
                 cells += [_fmt(r.stats.get(key), scale), f"{ratio:.2f}" if ratio else "-"]
@@ -107,6 +138,8 @@ def format_table(rows: list[Row]) -> str:
         lines += ["  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() for row in body]
         lines.append("")
     lines.append("x desc: ratio of medians to stock descending (plugin descending if no stock run).")
+    if _many_ranks(rows):
+        lines.append("With several ranks, each rank is compared with its own rank's descending run.")
     return "\n".join(lines)
 
 
@@ -125,7 +158,8 @@ def plot(rows: list[Row], path: Path) -> None:
     )
     for i, config in enumerate(configs):
         mine = [r for r in rows if r.config == config]
-        labels = [f"{r.arm}\n{r.policy}" for r in mine]
+        ranked = _many_ranks(mine)
+        labels = [f"{r.arm}\n{r.policy}" + (f"\nrank {r.rank}" if ranked else "") for r in mine]
         for j, (key, label, scale) in enumerate(METRICS):
             ax = axes[i][j]
             stats = [r.stats.get(key) for r in mine]
@@ -146,10 +180,30 @@ def plot(rows: list[Row], path: Path) -> None:
     plt.close(fig)
 
 
-def report(directory: Path, plot_path: Path | None = None) -> str:
-    rows = summarize(read_receipts(directory))
+def _to_stderr(message: str) -> None:
+    print(message, file=sys.stderr)
+
+
+def report(directory: Path, plot_path: Path | None = None, warn: Callable[[str], None] = _to_stderr) -> str:
+    """The comparison table; :class:`ReportError` if there is nothing to compare.
+
+    Files named like receipts that are not readable receipts (partial copies, other schemas) are skipped
+    with one ``warn`` line each, naming the file.
+    """
+    if not directory.exists():
+        raise ReportError(f"vllm-staging-plugin report: no such directory: {directory}")
+    if not directory.is_dir():
+        raise ReportError(f"vllm-staging-plugin report: not a directory: {directory}")
+    skipped: list[Path] = []
+
+    def skip(path: Path, reason: str) -> None:
+        skipped.append(path)
+        warn(f"vllm-staging-plugin report: skipped {path}: {reason}")
+
+    rows = summarize(read_receipts(directory, skip))
     if not rows:
-        return f"no capture receipts in {directory}"
+        note = f" ({len(skipped)} file(s) skipped, see above)" if skipped else ""
+        raise ReportError(f"vllm-staging-plugin report: no capture receipts in {directory}{note}")
     if plot_path is not None:
         plot(rows, plot_path)
     return format_table(rows)
