@@ -47,18 +47,25 @@ print("RESULT:" + json.dumps(out))
 """
 
 
-def rank_result(rank: int) -> dict[str, Any]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("STAGING_PLUGIN")}
-    env |= {"RANK": str(rank), "STAGING_PLUGIN_ORDER": "ascending", "PYTHONHASHSEED": str(rank + 7)}
-    proc = subprocess.run([sys.executable, "-c", textwrap.dedent(RANK)], env=env, capture_output=True,
-                          text=True, timeout=300)  # fmt: skip
-    lines = [x for x in proc.stdout.splitlines() if x.startswith("RESULT:")]
-    assert proc.returncode == 0 and lines, proc.stdout[-2000:] + proc.stderr[-2000:]
-    return json.loads(lines[-1].removeprefix("RESULT:"))  # type: ignore[no-any-return]
+def rank_results(ranks: range) -> list[dict[str, Any]]:
+    """One process per rank, started together (as vLLM starts its workers)."""
+    procs = []
+    for rank in ranks:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("STAGING_PLUGIN")}
+        env |= {"RANK": str(rank), "STAGING_PLUGIN_ORDER": "ascending", "PYTHONHASHSEED": str(rank + 7)}
+        procs.append(subprocess.Popen([sys.executable, "-c", textwrap.dedent(RANK)], env=env, text=True,
+                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE))  # fmt: skip
+    results = []
+    for proc in procs:
+        stdout, stderr = proc.communicate(timeout=300)
+        lines = [x for x in stdout.splitlines() if x.startswith("RESULT:")]
+        assert proc.returncode == 0 and lines, stdout[-2000:] + stderr[-2000:]
+        results.append(json.loads(lines[-1].removeprefix("RESULT:")))
+    return results
 
 
 def test_every_rank_captures_the_same_order_with_the_same_capacity() -> None:
-    ranks = [rank_result(0), rank_result(1)]
+    ranks = rank_results(range(2))
     for layout in ("tp", "pp"):
         first, second = (r[layout] for r in ranks)
         assert first["ok"] and second["ok"], (first["error"], second["error"])

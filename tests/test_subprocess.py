@@ -156,35 +156,37 @@ def test_register_is_import_light() -> None:
 
 
 FRONT_END = """
-import json
+import json, os
 from vllm.engine.arg_utils import EngineArgs
-try:  # what `vllm serve` / `vllm.LLM` build first; vLLM loads general plugins in its __post_init__
-    EngineArgs(model="/nonexistent/model-never-read")
-    outcome = {"raised": None}
-except Exception as exc:
-    outcome = {"raised": type(exc).__name__, "message": str(exc)}
-print("RESULT:" + json.dumps(outcome))
+import vllm.plugins
+outcomes = []
+for variable, value in json.loads(os.environ["CASES"]):  # one vLLM import for every case
+    os.environ.pop("STAGING_PLUGIN_ORDER", None)
+    os.environ[variable] = value
+    vllm.plugins.plugins_loaded = False  # each EngineArgs below loads the plugins afresh, as a new process
+    try:  # what `vllm serve` / `vllm.LLM` build first; vLLM loads general plugins in its __post_init__
+        EngineArgs(model="/nonexistent/model-never-read")
+        outcomes.append({"raised": None})
+    except Exception as exc:
+        outcomes.append({"raised": type(exc).__name__, "message": str(exc)})
+    del os.environ[variable]
+print("RESULT:" + json.dumps({"outcomes": outcomes}))
 """
 
-
-@pytest.mark.parametrize(
-    ("variable", "value", "named"),
-    [
-        ("STAGING_PLUGIN_ORDER", "fastest", "STAGING_PLUGIN_ORDER='fastest'"),
-        ("STAGING_PLUGIN_STRICT", "2", "STAGING_PLUGIN_STRICT='2'"),
-        ("STAGING_PLUGIN_PRESIZE", "maybe", "STAGING_PLUGIN_PRESIZE='maybe'"),
-    ],
-)
-def test_bad_value_stops_vllm_start_up_before_any_model_is_read(
-    variable: str, value: str, named: str
-) -> None:
-    """vLLM's own front-end path: EngineArgs loads the plugin, which rejects the value at once."""
-    result = run(FRONT_END, {"VLLM_PLUGINS": "vllm_staging_plugin", variable: value})
-    assert result["raised"] == "ConfigError"
-    assert named in result["message"] and "allowed values" in result["message"]
+BAD_VALUES = [
+    ("STAGING_PLUGIN_ORDER", "fastest", "STAGING_PLUGIN_ORDER='fastest'"),
+    ("STAGING_PLUGIN_STRICT", "2", "STAGING_PLUGIN_STRICT='2'"),
+    ("STAGING_PLUGIN_PRESIZE", "maybe", "STAGING_PLUGIN_PRESIZE='maybe'"),
+]
 
 
-def test_good_values_let_vllm_start_up_go_on() -> None:
-    """The test above is not vacuous: with valid values EngineArgs is built."""
-    result = run(FRONT_END, {"VLLM_PLUGINS": "vllm_staging_plugin", "STAGING_PLUGIN_ORDER": "ascending"})
-    assert result["raised"] is None
+def test_bad_values_stop_vllm_start_up_before_any_model_is_read() -> None:
+    """vLLM's own front-end path: EngineArgs loads the plugin, which rejects each bad value at once; a
+    valid value (the last case) lets start-up go on, so the check is not vacuous."""
+    cases = [[v, value] for v, value, _ in BAD_VALUES] + [["STAGING_PLUGIN_ORDER", "ascending"]]
+    result = run(FRONT_END, {"VLLM_PLUGINS": "vllm_staging_plugin", "CASES": json.dumps(cases)})
+    *bad, good = result["outcomes"]
+    for (_, _, named), outcome in zip(BAD_VALUES, bad, strict=True):
+        assert outcome["raised"] == "ConfigError", outcome
+        assert named in outcome["message"] and "allowed values" in outcome["message"]
+    assert good["raised"] is None
