@@ -106,14 +106,15 @@ def scoped_environ(values: Mapping[str, str | None]) -> Iterator[None]:
     saved = {key: os.environ.get(key) for key in values}
     try:
         for key, value in values.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
+            _put(key, value)
         yield
     finally:
         for key, old in saved.items():
-            if old is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = old
+            _put(key, old)
+
+
+def _put(key: str, value: str | None) -> None:
+    if value is None:
+        os.environ.pop(key, None)
+    else:
+        os.environ[key] = value
