@@ -1,0 +1,195 @@
+"""The receipt's CUDA-only fields, with a fake ``torch.cuda`` seen by capture_session alone.
+
+On a CPU machine these fields are None, so without a fake device the arithmetic that fills them (graph
+memory as a free-memory drop, the graph pool's bytes from the allocator snapshot, the driver through
+NVML, vLLM's profiling estimate) would go unchecked. The real manager and vLLM's staging code still run.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import types
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+pytest.importorskip("vllm.v1.worker.gpu.cudagraph_utils")
+
+import vllm_staging_plugin
+from vllm_staging_plugin import capture_session, cpu_replay
+
+pytestmark = pytest.mark.contract
+SMALL = cpu_replay.ReplayConfig(sizes=(1, 2, 4, 8), max_num_seqs=8, hidden_size=16)
+POOL = (0, 7)
+MIB = 1 << 20
+
+
+class FakeCuda:
+    """Free memory drops by ``step`` at every reading; the snapshot mixes our pool with others."""
+
+    def __init__(self, free: int = 900 * MIB, step: int = 96 * MIB) -> None:
+        self.free, self.step, self.synchronized = free, step, 0
+
+    def is_available(self) -> bool:
+        return True
+
+    def synchronize(self) -> None:
+        self.synchronized += 1
+
+    def mem_get_info(self) -> tuple[int, int]:
+        free, self.free = self.free, self.free - self.step
+        return free, 1000 * MIB
+
+    def get_device_name(self, device: Any) -> str:
+        return f"Fake GPU on {device}"
+
+    def memory_snapshot(self) -> list[dict[str, Any]]:
+        return [
+            {"segment_pool_id": POOL, "total_size": 20 * MIB, "active_size": 2 * MIB},
+            {"segment_pool_id": (0, 0), "total_size": 500 * MIB, "active_size": 400 * MIB},
+            {"segment_pool_id": POOL, "total_size": 6 * MIB, "active_size": 0},
+            {"total_size": 1 * MIB, "active_size": 1 * MIB},  # no pool id
+        ]
+
+
+@pytest.fixture
+def fake_cuda(monkeypatch: pytest.MonkeyPatch) -> FakeCuda:
+    cuda = FakeCuda()
+    fake_torch = types.SimpleNamespace(
+        cuda=cuda,
+        version=types.SimpleNamespace(cuda="13.0"),
+        __version__=torch.__version__,
+        distributed=torch.distributed,
+    )
+    monkeypatch.setattr(capture_session, "torch", fake_torch)
+    nvml = types.SimpleNamespace(
+        calls=[],
+        nvmlInit=lambda: nvml.calls.append("init"),
+        nvmlSystemGetDriverVersion=lambda: b"580.159.04",
+        nvmlShutdown=lambda: nvml.calls.append("shutdown"),
+    )
+    monkeypatch.setitem(sys.modules, "vllm.third_party.pynvml", nvml)
+    monkeypatch.setattr(sys.modules["vllm.third_party"], "pynvml", nvml, raising=False)
+    cuda.nvml = nvml  # type: ignore[attr-defined]
+    return cuda
+
+
+def capture_receipts(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, **attrs: Any) -> list[dict[str, Any]]:
+    monkeypatch.setenv("STAGING_PLUGIN_RECEIPTS_DIR", str(tmp_path))
+    monkeypatch.setenv("STAGING_PLUGIN_ORDER", "ascending")
+    vllm_staging_plugin.register()
+    with cpu_replay.cpu_stubs(SMALL):
+        manager = cpu_replay.build_manager(SMALL)
+        manager.pool = POOL
+        for key, value in attrs.items():
+            setattr(manager, key, value)
+        assert cpu_replay.run_capture(manager, SMALL).ok
+    return [json.loads(p.read_text()) for p in sorted(tmp_path.glob("receipt-*.json"))]
+
+
+def test_capture_receipt_reads_the_device(
+    fake_cuda: FakeCuda, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("RANK", "3")
+    (receipt,) = capture_receipts(tmp_path, monkeypatch)
+    assert receipt["gpu_name"] == "Fake GPU on cpu"
+    assert receipt["cuda_version"] == "13.0" and receipt["torch_version"] == torch.__version__
+    assert receipt["driver_version"] == "580.159.04" and fake_cuda.nvml.calls == ["init", "shutdown"]  # type: ignore[attr-defined]
+    assert receipt["graph_memory_bytes"] == 96 * MIB  # free before minus free after
+    assert fake_cuda.synchronized == 2  # before and after the capture
+    assert receipt["graph_pool_reserved_bytes"] == 26 * MIB  # our pool's segments only
+    assert receipt["graph_pool_active_bytes"] == 2 * MIB
+    assert receipt["profiling_estimate_bytes"] is None and receipt["kind"] == "capture"
+    assert receipt["rank"] == 3 and receipt["policy"] == "ascending"
+    assert receipt["captured_sequence"] == {"FULL": [1, 2, 4, 8], "PIECEWISE": [1, 2, 4, 8]}
+
+
+def test_profiling_receipt_recomputes_vllms_estimate(
+    fake_cuda: FakeCuda, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from vllm.v1.worker.gpu.cudagraph_utils import _extrapolate_full_graph_memory
+
+    samples = [30 * MIB, 10 * MIB]
+    (receipt,) = capture_receipts(
+        tmp_path, monkeypatch, _max_full_descs_to_capture=2, _capture_mem_samples=samples
+    )
+    n_full = 4  # FULL descriptors 8, 4, 2, 1
+    expected = 96 * MIB - sum(samples) + _extrapolate_full_graph_memory(samples, n_full)
+    assert (
+        receipt["kind"] == "profiling" and receipt["policy"] == "descending"
+    )  # profiling keeps vLLM's order
+    assert receipt["captured_sequence"]["FULL"] == [8, 4]  # cut to the profiling pass's two FULL graphs
+    assert receipt["profiling_estimate_bytes"] == expected > 0
+
+
+def test_estimate_never_negative_and_absent_without_samples(fake_cuda: FakeCuda) -> None:
+    manager = types.SimpleNamespace(_capture_mem_samples=[500 * MIB, 400 * MIB], _capture_descs={})
+    assert capture_session._profiling_estimate(manager, 1 * MIB) == 0
+    assert capture_session._profiling_estimate(types.SimpleNamespace(_capture_mem_samples=None), 5) is None
+    assert capture_session._profiling_estimate(manager, None) is None
+
+
+@pytest.mark.parametrize(
+    ("pool", "snapshot", "expected"),
+    [
+        (None, None, (None, None)),
+        (POOL, "raise", (None, None)),
+        ((9, 9), None, (0, 0)),  # a pool with no segment yet
+    ],
+)
+def test_pool_bytes_edges(
+    fake_cuda: FakeCuda, monkeypatch: pytest.MonkeyPatch, pool: Any, snapshot: Any, expected: Any
+) -> None:
+    if snapshot == "raise":
+        monkeypatch.setattr(fake_cuda, "memory_snapshot", lambda: (_ for _ in ()).throw(RuntimeError("no")))
+    assert capture_session._pool_bytes(pool) == expected
+
+
+def test_driver_version_as_text_and_on_nvml_failure(
+    fake_cuda: FakeCuda, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    nvml = fake_cuda.nvml  # type: ignore[attr-defined]
+    monkeypatch.setattr(nvml, "nvmlSystemGetDriverVersion", lambda: "575.1")
+    assert capture_session._driver_version() == "575.1"
+
+    def broken() -> None:
+        raise RuntimeError("NVML not found")
+
+    monkeypatch.setattr(nvml, "nvmlInit", broken)
+    assert capture_session._driver_version() is None
+
+
+def test_without_cuda_every_device_field_is_none(monkeypatch: pytest.MonkeyPatch) -> None:
+    cuda = FakeCuda()
+    monkeypatch.setattr(cuda, "is_available", lambda: False)
+    monkeypatch.setattr(
+        capture_session, "torch", types.SimpleNamespace(cuda=cuda, distributed=torch.distributed)
+    )
+    assert capture_session._free_memory() is None and cuda.synchronized == 0
+    assert capture_session._driver_version() is None
+    assert capture_session._pool_bytes(POOL) == (None, None)
+
+
+def test_rank_comes_from_the_process_group_when_there_is_one(monkeypatch: pytest.MonkeyPatch) -> None:
+    group = types.SimpleNamespace(is_available=lambda: True, is_initialized=lambda: True, get_rank=lambda: 5)
+    monkeypatch.setattr(capture_session, "torch", types.SimpleNamespace(distributed=group))
+    monkeypatch.setenv("RANK", "1")
+    assert capture_session._rank() == 5
+    group.is_initialized = lambda: False
+    assert capture_session._rank() == 1
+    monkeypatch.delenv("RANK")
+    assert capture_session._rank() == 0
+
+
+def test_guarded_step_warning_text(plugin_log: Any) -> None:
+    def step(x: int) -> int:
+        raise KeyError(x)
+
+    assert capture_session._guarded("do the thing", step, 7) is None
+    assert plugin_log.warnings == [
+        "vllm-staging-plugin: could not do the thing (the capture is unaffected): KeyError(7)"
+    ]
+    assert capture_session._guarded("add", lambda a: a + 1, 1) == 2
