@@ -193,3 +193,69 @@ def test_guarded_step_warning_text(plugin_log: Any) -> None:
         "vllm-staging-plugin: could not do the thing (the capture is unaffected): KeyError(7)"
     ]
     assert capture_session._guarded("add", lambda a: a + 1, 1) == 2
+
+
+def _stub_manager(**extra: Any) -> Any:
+    from vllm_staging_plugin.patch import AGREED_ATTR
+
+    model = types.SimpleNamespace(architectures=["FakeForCausalLM", "Other"], get_hidden_size=lambda: 24.0)
+    config = types.SimpleNamespace(
+        model_config=model, compilation_config=types.SimpleNamespace(cudagraph_capture_sizes=[1, 2])
+    )
+    manager = types.SimpleNamespace(
+        vllm_config=config,
+        cudagraph_mode=types.SimpleNamespace(name="FULL_AND_PIECEWISE"),
+        device="cpu",
+        is_last_pp_rank=False,
+        **extra,
+    )
+    manager.__dict__[AGREED_ATTR] = 2
+    return manager
+
+
+def test_environment_fields_from_the_manager(fake_cuda: FakeCuda) -> None:
+    from vllm_staging_plugin.settings import Settings
+
+    env = capture_session._environment(_stub_manager(), Settings(order="ascending"), profiling=False)
+    assert env["architecture"] == "FakeForCausalLM" and env["hidden_size"] == 24
+    assert isinstance(env["hidden_size"], int)
+    assert env["cudagraph_mode"] == "FULL_AND_PIECEWISE" and env["capture_sizes"] == [1, 2]
+    assert env["is_last_pp_rank"] is False and env["ranks_agreed"] == 2
+    assert env["policy"] == env["requested_policy"] == "ascending"
+    bare = types.SimpleNamespace(
+        vllm_config=types.SimpleNamespace(
+            compilation_config=types.SimpleNamespace(cudagraph_capture_sizes=None)
+        ),
+        cudagraph_mode="PIECEWISE",
+        device="cpu",
+    )
+    env = capture_session._environment(bare, Settings(), profiling=True)
+    assert env["architecture"] is None and env["hidden_size"] is None and env["capture_sizes"] == []
+    assert (
+        env["cudagraph_mode"] == "PIECEWISE"
+        and env["is_last_pp_rank"] is True
+        and env["ranks_agreed"] is None
+    )
+    assert env["policy"] == "descending"
+
+
+def _descs(*tokens: int) -> list[Any]:
+    return [types.SimpleNamespace(num_tokens=n) for n in tokens]
+
+
+def test_finish_cuts_full_only_for_profiling_and_tolerates_missing_readings(fake_cuda: FakeCuda) -> None:
+    from vllm.config.compilation import CUDAGraphMode
+
+    captured = {CUDAGraphMode.FULL: _descs(8, 4, 2)}
+    manager = types.SimpleNamespace(
+        _max_full_descs_to_capture=2, _capture_mem_samples=[1, 1], _capture_descs=captured
+    )
+    receipt = capture_session._finish({}, manager, captured, 1.5, profiling=False)
+    assert receipt["captured_sequence"] == {"FULL": [8, 4, 2]}  # the real capture is never cut
+    assert receipt["profiling_estimate_bytes"] is None  # only profiling receipts carry vLLM's estimate
+    assert receipt["graph_memory_bytes"] is None  # no reading before the capture: no difference
+    plain = types.SimpleNamespace()
+    receipt = capture_session._finish({"_free_before": 10 * MIB}, plain, captured, 0.5, profiling=True)
+    assert receipt["captured_sequence"] == {"FULL": [8, 4, 2]}  # no limit known: nothing cut
+    assert receipt["profiling_estimate_bytes"] is None  # no samples on this manager
+    assert receipt["capture_seconds"] == 0.5 and "_free_before" not in receipt
