@@ -259,3 +259,36 @@ def test_finish_cuts_full_only_for_profiling_and_tolerates_missing_readings(fake
     assert receipt["captured_sequence"] == {"FULL": [8, 4, 2]}  # no limit known: nothing cut
     assert receipt["profiling_estimate_bytes"] is None  # no samples on this manager
     assert receipt["capture_seconds"] == 0.5 and "_free_before" not in receipt
+
+
+def test_finish_estimate_only_when_profiling_even_with_a_reading(fake_cuda: FakeCuda) -> None:
+    from vllm.config.compilation import CUDAGraphMode
+
+    captured = {CUDAGraphMode.FULL: _descs(8, 4)}
+    manager = types.SimpleNamespace(_capture_mem_samples=[3 * MIB, 1 * MIB], _capture_descs=captured)
+    receipt = capture_session._finish(
+        {"_free_before": 500 * MIB}, manager, captured, 1.234567, profiling=False
+    )
+    assert receipt["graph_memory_bytes"] is not None and receipt["profiling_estimate_bytes"] is None
+    assert receipt["capture_seconds"] == 1.2346  # rounded to 0.1 ms
+
+
+def test_hidden_size_that_cannot_be_read_is_none(fake_cuda: FakeCuda) -> None:
+    from vllm_staging_plugin.settings import Settings
+
+    def unreadable() -> int:
+        raise ValueError("exotic config")
+
+    manager = _stub_manager()
+    manager.vllm_config.model_config.get_hidden_size = unreadable
+    assert capture_session._environment(manager, Settings(), profiling=False)["hidden_size"] is None
+
+
+def test_estimate_with_modes_that_have_no_name() -> None:
+    """Keys without a ``name`` count no FULL descriptor instead of failing the estimate."""
+    from vllm.v1.worker.gpu.cudagraph_utils import _extrapolate_full_graph_memory
+
+    samples = [2 * MIB, 1 * MIB]
+    manager = types.SimpleNamespace(_capture_mem_samples=samples, _capture_descs={"FULL": _descs(4)})
+    expected = 10 * MIB - 3 * MIB + _extrapolate_full_graph_memory(samples, 0)
+    assert capture_session._profiling_estimate(manager, 10 * MIB) == expected
