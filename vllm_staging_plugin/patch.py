@@ -107,9 +107,11 @@ def _patched_owner(manager: Any) -> type | None:
 
 
 def _deactivate(manager: Any, reason: str, strict: bool) -> None:
-    """Refuse for this and every later manager: the class goes back to stock."""
-    manager.__dict__.pop(CAPACITY_ATTR, None)
-    manager.__dict__.pop(SETTINGS_ATTR, None)
+    """Refuse for this and every later manager: the class goes back to stock.
+
+    Called from ``__init__`` before the manager holds a capacity or settings, so there is nothing of the
+    plugin's on the instance to remove.
+    """
     owner = _patched_owner(manager)
     if owner is not None:
         unpatch(owner)
