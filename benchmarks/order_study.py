@@ -135,6 +135,7 @@ POOL_LINE = re.compile(r"CUDA graph pool memory: ([\d.]+) GiB \(actual\), ([\d.]
 KV_LINE = "Available KV cache memory"  # the worker's memory profiling is over
 KEEP = re.compile(
     r"staging|Graph capturing|CUDA graph pool|Error|error|Model Runner|Traceback|KV cache memory"
+    r"|environment variables|Env var prefixes|[Rr]ay"
 )
 MAX_KEPT, TRACE_TAIL = 120, 60
 STOPPED = "stopped:"  # a boot ended by the study's own stop, not by vLLM: neither counted nor summarized
@@ -153,10 +154,23 @@ def model_dir(root: Path, name: str) -> Path:
     return path
 
 
-def engine_kwargs(root: Path, name: str, tp: int = 1, pp: int = 1, gpu_mem: float = 0.3) -> dict[str, Any]:
+# ``--executor``: how vLLM runs the workers. ``ray``: RayExecutorV2 worker actors; ``ray-dp``: vLLM's Ray
+# data-parallel backend, whose engine core is itself a Ray actor (env from vLLM's get_env_vars_to_copy)
+# creating Ray worker actors. Both join the cluster RAY_ADDRESS names.
+EXECUTORS: dict[str, dict[str, str]] = {
+    "mp": {},
+    "ray": {"distributed_executor_backend": "ray"},
+    "ray-dp": {"data_parallel_backend": "ray"},
+}
+
+
+def engine_kwargs(
+    root: Path, name: str, tp: int = 1, pp: int = 1, gpu_mem: float = 0.3, executor: str = "mp"
+) -> dict[str, Any]:
     """The keyword arguments of ``vllm.LLM`` / ``EngineArgs`` for one boot (the same for ``vllm serve``)."""
     draft = str((root / "models" / f"{name}-draft").resolve())
     extra = json.loads(json.dumps(MODELS[name].engine).replace(json.dumps(DRAFT), json.dumps(draft)))
+    extra |= EXECUTORS[executor]
     return {
         "model": str(model_dir(root, name).resolve()), "load_format": "dummy", "skip_tokenizer_init": True,
         "seed": 0, "max_model_len": 1024, "gpu_memory_utilization": gpu_mem, "tensor_parallel_size": tp,
@@ -200,6 +214,7 @@ class Cell:
     tp: int = 1
     pp: int = 1
     mode: str = "llm"  # or "serve"
+    executor: str = "mp"  # a key of EXECUTORS
 
     @property
     def gpus(self) -> int:
@@ -209,11 +224,12 @@ class Cell:
     def boot_id(self) -> str:
         par = "".join(f"-{k}{v}" for k, v in (("tp", self.tp), ("pp", self.pp)) if v > 1)
         mode = "" if self.mode == "llm" else f"-{self.mode}"
-        return f"r{self.round}-{self.model}{par}{mode}-{self.order.replace(':', '')}-{self.arm}"
+        ex = "" if self.executor == "mp" else f"-{self.executor}"
+        return f"r{self.round}-{self.model}{par}{ex}{mode}-{self.order.replace(':', '')}-{self.arm}"
 
     @property
-    def key(self) -> tuple[str, str, str, int, int, str]:
-        return (self.model, self.order, self.arm, self.tp, self.pp, self.mode)
+    def key(self) -> tuple[str, str, str, int, int, str, str]:
+        return (self.model, self.order, self.arm, self.tp, self.pp, self.mode, self.executor)
 
 
 def parse_plan(text: str) -> list[tuple[str, str]]:
@@ -235,15 +251,16 @@ def planned_cells(args: argparse.Namespace, out: Path) -> list[Cell]:
         else [(a, o) for o in args.orders.split(",") for a in args.arms.split(",")]
     )
     serve = parse_plan(args.serve_plan) if args.serve_plan else []
-    kw = {"tp": args.tp, "pp": args.pp}
+    kw = {"tp": args.tp, "pp": args.pp, "executor": args.executor}
     if args.fill_to:
         last = -1
-        done: dict[tuple[str, str, str, int, int, str], int] = {}
+        done: dict[tuple[str, str, str, int, int, str, str], int] = {}
         for path in (out / "boots").glob("*.json"):
             b = json.loads(path.read_text())
             if str(b.get("error", "")).startswith(STOPPED):
                 continue  # not a measurement: run it again
-            key = (b["model"], b["order"], b["arm"], b.get("tp", 1), b.get("pp", 1), b.get("mode", "llm"))
+            key = (b["model"], b["order"], b["arm"], b.get("tp", 1), b.get("pp", 1), b.get("mode", "llm"),
+                   b.get("executor", "mp"))  # fmt: skip
             done[key] = done.get(key, 0) + 1
             last = max(last, int(b.get("round", 0)))
         wanted = [(m, a, o, "llm", args.fill_to) for m in models for a, o in plan]
@@ -265,10 +282,17 @@ def planned_cells(args: argparse.Namespace, out: Path) -> list[Cell]:
 
 
 def _runner_of(worker: Any) -> dict[str, Any]:
-    """Runs inside each worker (collective_rpc): which model runner class vLLM built there."""
+    """Runs inside each worker (collective_rpc): which model runner class vLLM built there, in which
+    process, whether that process is a Ray actor, and the plugin order it sees."""
     runner = getattr(worker, "model_runner", None)
     cls = type(runner)
-    return {"rank": getattr(worker, "rank", None), "runner_class": f"{cls.__module__}.{cls.__qualname__}"}
+    ray_actor = None
+    if "ray" in sys.modules:
+        with contextlib.suppress(Exception):
+            ray_actor = sys.modules["ray"].get_runtime_context().get_actor_id()
+    return {"rank": getattr(worker, "rank", None), "runner_class": f"{cls.__module__}.{cls.__qualname__}",
+            "pid": os.getpid(), "ray_actor_id": ray_actor,
+            "staging_plugin_order": os.environ.get("STAGING_PLUGIN_ORDER")}  # fmt: skip
 
 
 def boot(args: argparse.Namespace) -> int:
@@ -419,7 +443,7 @@ def _start(cell: Cell, gpus: list[int], out: Path, args: argparse.Namespace) -> 
     env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, gpus))
     if cell.mode == "llm":  # lets collective_rpc ship _runner_of to the workers
         env["VLLM_ALLOW_INSECURE_SERIALIZATION"] = "1"
-    kwargs = engine_kwargs(out, cell.model, cell.tp, cell.pp, args.gpu_mem)
+    kwargs = engine_kwargs(out, cell.model, cell.tp, cell.pp, args.gpu_mem, cell.executor)
     record = out / "boots" / f"{cell.boot_id}.json"
     log = out / "logs" / f"{cell.boot_id}.log"
     cmd = [sys.executable, __file__, "boot", "--mode", cell.mode, "--kwargs", json.dumps(kwargs),
@@ -442,7 +466,7 @@ def _finish(run: Running, out: Path, busy: set[int]) -> dict[str, Any]:
     )
     c = run.cell
     record.update(boot_id=c.boot_id, round=c.round, model=c.model, order=c.order, arm=c.arm, tp=c.tp, pp=c.pp,
-                  mode=c.mode, gpus=run.gpus, wall_seconds=round(wall, 1))  # fmt: skip
+                  mode=c.mode, executor=c.executor, gpus=run.gpus, wall_seconds=round(wall, 1))  # fmt: skip
     record.update(analyse_log(run.log.read_text(errors="replace"), out / "logs" / f"{c.boot_id}.trim.log"))
     receipts = sorted((out / "receipts" / c.boot_id).glob("receipt-*.json"))
     classes = sorted({str(w.get("runner_class")) for w in record.get("workers") or []})
@@ -451,7 +475,10 @@ def _finish(run: Running, out: Path, busy: set[int]) -> dict[str, Any]:
     by_class = ("v2" if all(c.startswith(v2) for c in classes) else "v1") if classes else None
     record["runner"] = by_class or record["runner_log"]
     record["receipts"] = len(receipts)
-    record["receipt_ranks"] = sorted({json.loads(p.read_text()).get("rank") for p in receipts}, key=str)
+    written = [json.loads(p.read_text()) for p in receipts]
+    record["receipt_ranks"] = sorted({r.get("rank") for r in written}, key=str)
+    record["receipt_pids"] = sorted({r.get("pid") for r in written}, key=str)  # which processes captured
+    record["receipt_orders"] = sorted({f"{r.get('kind')}:{r.get('policy')}" for r in written})
     run.record.write_text(json.dumps(record, indent=1))
     return record
 
@@ -493,7 +520,7 @@ def run(args: argparse.Namespace) -> int:
         raise SystemExit(f"a boot needs {max(c.gpus for c in cells)} GPUs; {n_gpus} here")
     if args.dry_run:
         for cell in cells:
-            kwargs = engine_kwargs(out, cell.model, cell.tp, cell.pp, args.gpu_mem)
+            kwargs = engine_kwargs(out, cell.model, cell.tp, cell.pp, args.gpu_mem, cell.executor)
             print("would boot", cell.boot_id, f"gpus={cell.gpus}", json.dumps(kwargs, sort_keys=True))
         print(f"{len(cells)} boots on {n_gpus} GPUs, up to {args.concurrent} at once, {args.per_gpu} per GPU")
         return 0
@@ -615,10 +642,11 @@ def summarize(args: argparse.Namespace) -> int:
         print(f"({len(records) - len(boots)} boots stopped by the study's deadline or timeout are left out)")
     cells: dict[tuple[Any, ...], list[dict[str, Any]]] = {}
     for b in boots:
-        key = (b["model"], b.get("tp", 1), b.get("pp", 1), b.get("mode", "llm"), b["order"], b["arm"])
+        key = (b["model"], b.get("tp", 1), b.get("pp", 1), b.get("executor", "mp"), b.get("mode", "llm"),
+               b["order"], b["arm"])  # fmt: skip
         cells.setdefault(key, []).append(b)
-    header = ("model", "tp", "pp", "mode", "order", "arm", "booted/N", "staging crash", "runner", "receipts",
-              "boot s (median)", "vLLM capture s", "vLLM took GiB", "first error")  # fmt: skip
+    header = ("model", "tp", "pp", "executor", "mode", "order", "arm", "booted/N", "staging crash", "runner",
+              "receipts", "boot s (median)", "vLLM capture s", "vLLM took GiB", "first error")  # fmt: skip
     print("| " + " | ".join(header) + " |")
     print("|" + "---|" * len(header))
     for key, items in sorted(cells.items(), key=lambda kv: tuple(map(str, kv[0]))):
@@ -667,6 +695,10 @@ def main() -> int:
     r.add_argument("--serve-rounds", type=int, default=1)
     r.add_argument("--tp", type=int, default=1, help="tensor_parallel_size of every boot")
     r.add_argument("--pp", type=int, default=1, help="pipeline_parallel_size of every boot")
+    r.add_argument("--executor", choices=tuple(EXECUTORS), default="mp",
+                   help="mp: vLLM's multiprocessing workers; ray: distributed_executor_backend=ray; "
+                   "ray-dp: data_parallel_backend=ray (engine core and workers are Ray actors); "
+                   "Ray joins the cluster RAY_ADDRESS names")  # fmt: skip
     r.add_argument("--rounds", type=int, default=3)
     r.add_argument("--start-round", type=int, default=0)
     r.add_argument("--concurrent", type=int, default=1, help="boots at once (a TP x PP boot owns its GPUs)")

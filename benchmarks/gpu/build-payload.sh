@@ -1,18 +1,19 @@
 #!/usr/bin/env bash
 # Builds a payload that puts a real vLLM on the lent GPU machine, which has no package registry.
 # Run it from the project root: bash benchmarks/gpu/build-payload.sh [VLLM_VERSION]   (default 0.33.0)
-# It writes .gpu/p1, .gpu/p2, ... (each under 61 MiB, so one fits in a GPU-machine run beside the project),
+# It writes .gpu/p1, .gpu/p2, ... (vLLM, its dependency wheels and Ray) (each under 61 MiB, so one fits in a GPU-machine run beside the project),
 # and keeps them git-ignored. Then one GPU-machine run per part, back to back (the machine stays warm
 # only about 30 s between runs), carrying .gpu/pK:   bash .gpu/pK/device-stage.sh
 # The last part prints READY; later commands in that run and in later runs on the same warm machine
 # start with:  source /tmp/site/env.sh  (see docs/results.md, "Reproduce")
 set -euo pipefail
 ver=${1:-0.33.0}
+ray=2.60.0  # the Ray executor stage (issue 11.3); the GPU image has no Ray
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(git rev-parse --show-toplevel)
 cd "$root"
 grep -qx '/.gpu/' .git/info/exclude 2>/dev/null || echo '/.gpu/' >> .git/info/exclude
-if [[ -f .gpu/VERSION && $(cat .gpu/VERSION) == "$ver-kda" ]]; then echo "payload for vLLM $ver already in .gpu/"; ls -la .gpu/p*; exit 0; fi
+if [[ -f .gpu/VERSION && $(cat .gpu/VERSION) == "$ver-kda-ray$ray" ]]; then echo "payload for vLLM $ver already in .gpu/"; ls -la .gpu/p*; exit 0; fi
 work=$(mktemp -d); trap 'rm -rf "$work"' EXIT
 mkdir -p "$work/bundle/wheels" "$work/dl"
 plat=(--only-binary=:all: --python-version 3.12 --implementation cp --abi cp312 --abi abi3 --abi none
@@ -22,6 +23,7 @@ plat=(--only-binary=:all: --python-version 3.12 --implementation cp --abi cp312 
 echo "downloading vLLM $ver and $(wc -l < "$here/device-wheels.txt") dependency wheels for the device (Python 3.12)..."
 python3 -m pip download -q "${plat[@]}" -d "$work/dl" "vllm==$ver"
 python3 -m pip download -q "${plat[@]}" -d "$work/bundle/wheels" -r "$here/device-wheels.txt"
+python3 -m pip download -q "${plat[@]}" -d "$work/dl" "ray==$ray"
 echo "slimming vLLM (drops kernels a dense model on one Hopper GPU does not load)..."
 mkdir -p "$work/bundle/site"
 python3 -m zipfile -e "$work"/dl/vllm-*.whl "$work/bundle/site"
@@ -31,6 +33,9 @@ v="$work/bundle/site/vllm"
 rm -rf "$v/vllm_flash_attn/_vllm_fa2_C.abi3.so" "$v/third_party/deep_gemm" "$v/third_party/fmha_sm100" "$v/vllm-rs" \
        "$v"/_deepselect_C*.so "$v"/_qutlass_C*.so
 find "$v" -maxdepth 1 -name '_moe_C*.so' ! -name '_moe_C_stable_libtorch*' -delete
+# Ray without its Java jars and RLlib (79 MB as a wheel; its other needs are on the image or in the wheels)
+unzip -q -o "$work"/dl/ray-*.whl -d "$work/bundle/site"  # unzip keeps raylet/gcs_server executable
+rm -rf "$work/bundle/site/ray/jars" "$work/bundle/site/ray/rllib"
 find "$work/bundle" -name __pycache__ -prune -exec rm -rf {} +
 echo "compressing (a few minutes on two cores)..."
 (cd "$work/bundle" && tar -cf - . | xz -6 -T0 > "$work/payload.tar.xz")
@@ -41,5 +46,5 @@ for i in $(seq 1 "$n"); do
   mkdir -p ".gpu/p$i"; mv "$work/part.$((i - 1))" ".gpu/p$i/chunk"
   sed -e "s/@PARTS@/$n/g" -e "s/@PART@/$i/g" -e "s/@ID@/vllm-$ver-$size/g" "$here/device-stage.sh" > ".gpu/p$i/device-stage.sh"
 done
-echo "$ver-kda" > .gpu/VERSION
+echo "$ver-kda-ray$ray" > .gpu/VERSION
 echo "payload for vLLM $ver: $n parts, $((size / 1024 / 1024)) MiB in all"; ls -la .gpu/p*

@@ -2,7 +2,7 @@
 # One GPU-machine call per stage, each planned to end within STAGE_BUDGET seconds (default 510 = 8.5 min,
 # under the 10-minute limit of one call). Run from the project root on the GPU machine after the payload
 # is staged (bash .gpu/pK/device-stage.sh for every part; the last prints READY):
-#   bash benchmarks/gpu/session.sh kda|tp|pp-eagle3|parallel|decode
+#   bash benchmarks/gpu/session.sh kda|tp|pp-eagle3|parallel|decode|eagle3|ray
 # It installs the plugin into /tmp/site (so vLLM finds its entry point the real way), runs the stage's
 # boots under a deadline (no boot starts unless 1.3x the median boot still fits) and an outer `timeout`,
 # packs records, receipts, trimmed logs (full logs too while small), versions and the summary into
@@ -19,10 +19,17 @@
 #   pp-eagle3  Qwen3-0.6B pipeline_parallel_size=2, the same four cells; then EAGLE3 (one-layer draft)
 #              beside Qwen3-0.6B on one GPU each, two at once (issue 11.2).            about 6-7 min
 #   parallel   tp, then pp, then eagle3, as far as the budget goes; call again to finish.
+#   eagle3     EAGLE3 alone on one GPU: the same four cells, N=3, one boot at a time (issue 11.2).
+#                                                                                      2 calls
+#   ray        Ray on every GPU here (issue 11.3): a Ray head started from a shell without any
+#              STAGING_PLUGIN_* variable or VLLM_PLUGINS (the raylet's environment is recorded), then
+#              Qwen3-0.6B with distributed_executor_backend=ray (stock and plugin under ascending) and
+#              with the Ray data-parallel backend (plugin under ascending), TP = number of GPUs.
+#                                                                                  about 4-5 min
 #   decode     steady-state decode tokens/s, vanilla vs plugin under the default order, batch 1 and 64,
 #              Qwen3-0.6B on GPU 0 and Qwen3-8B on GPU 1, N=3 ABBA (issue 13.5).       about 5 min
 set -uo pipefail
-stage=${1:?usage: bash benchmarks/gpu/session.sh kda|tp|pp-eagle3|parallel|decode}
+stage=${1:?usage: bash benchmarks/gpu/session.sh kda|tp|pp-eagle3|parallel|decode|eagle3|ray}
 here=$(cd "$(dirname "$0")" && pwd)
 cd "$here/../.."
 root=$(pwd)
@@ -70,6 +77,25 @@ case $stage in
     study --models qwen3-0.6b --tp 2 --plan "$asc_desc" --fill-to 1 --serve-plan plugin@ascending
     study --models qwen3-0.6b --pp 2 --plan "$asc_desc" --fill-to 1
     study --models qwen3-0.6b-eagle3 --plan "$asc_desc" --fill-to 1 --concurrent 2 ;;
+  eagle3)
+    study --models qwen3-0.6b-eagle3 --plan "$asc_desc" --fill-to 3 ;;
+  ray)
+    n=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU'); (( n > 0 )) || n=2  # 2: the dry run's
+    clean=(env -u VLLM_PLUGINS)  # the cluster's shell knows nothing of the plugin
+    for v in $(compgen -e | grep '^STAGING_PLUGIN_'); do clean+=(-u "$v"); done
+    if [[ $dry != 1 ]]; then
+      "${clean[@]}" $py -m ray.scripts.scripts start --head --num-gpus "$n" --num-cpus 8 --port 6379 \
+        --include-dashboard=false --disable-usage-stats > "$work/ray-cluster.txt" 2>&1
+      raylet=$(pgrep -x raylet | head -1)
+      { echo "== raylet pid $raylet: STAGING_PLUGIN_* / VLLM_PLUGINS in its environment (none expected):"
+        tr '\0' '\n' < "/proc/$raylet/environ" | grep -E '^(STAGING_PLUGIN_|VLLM_PLUGINS=)' || echo "(none)"
+      } >> "$work/ray-cluster.txt" 2>&1
+      cat "$work/ray-cluster.txt"
+    fi
+    export RAY_ADDRESS=auto  # vLLM's ray.init() joins that cluster
+    study --models qwen3-0.6b --tp "$n" --executor ray --plan stock@ascending,plugin@ascending --fill-to 1
+    study --models qwen3-0.6b --tp "$n" --executor ray-dp --plan plugin@ascending --fill-to 1
+    [[ $dry == 1 ]] || $py -m ray.scripts.scripts stop --force > /dev/null 2>&1 ;;
   decode)
     t=$(left)
     timeout "$((t - 15))" $py benchmarks/decode_bench.py run --out "$work" --deadline "$((t - 40))" "${extra[@]}" \
@@ -87,6 +113,7 @@ else
 fi
 # full engine logs while they are small (they compress about 10x; one returned file may hold 16 MiB)
 if [[ -d $logs && $(du -sm "$logs" | cut -f1) -lt 60 ]]; then keep+=("$logs"); else keep+=("${trimmed[@]}"); fi
+[[ -f ray-cluster.txt ]] && keep+=(ray-cluster.txt)
 tar czf "$out/$stage.tar.gz" --ignore-failed-read env.txt summary.md models "${keep[@]}" 2>/dev/null
 ls -la "$out"
 echo "== $stage summary ($SECONDS s) =="
