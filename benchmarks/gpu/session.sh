@@ -94,6 +94,8 @@ case $stage in
     fi
     export RAY_ADDRESS=auto  # vLLM's ray.init() joins that cluster
     study --models qwen3-0.6b --tp "$n" --executor ray --plan stock@ascending,plugin@ascending --fill-to 1
+    # DP size 1 takes the DP master from VLLM_DP_MASTER_IP (default 127.0.0.1, not a Ray node's address)
+    export VLLM_DP_MASTER_IP; VLLM_DP_MASTER_IP=$($py -c 'from vllm.utils.network_utils import get_ip; print(get_ip())')
     study --models qwen3-0.6b --tp "$n" --executor ray-dp --plan plugin@ascending --fill-to 1
     [[ $dry == 1 ]] || $py -m ray.scripts.scripts stop --force > /dev/null 2>&1 ;;
   decode)
