@@ -203,6 +203,17 @@ def test_plugin_variables_reach_ray_workers(monkeypatch: pytest.MonkeyPatch) -> 
     )
 
 
+def test_ray_v2_executor_hands_workers_the_whole_driver_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    """vLLM 0.20+'s RayExecutorV2 (the default from 0.21) copies every driver variable to its workers with
+    ``os.environ.setdefault`` (a node's own value wins); the plugin's variables need no forwarding there."""
+    ray_env_utils = pytest.importorskip("vllm.v1.executor.ray_env_utils")
+    monkeypatch.setenv("STAGING_PLUGIN_ORDER", "ascending")
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")
+    copied = ray_env_utils.get_driver_env_vars(worker_specific_vars={"CUDA_VISIBLE_DEVICES"})
+    assert copied["STAGING_PLUGIN_ORDER"] == "ascending"
+    assert "CUDA_VISIBLE_DEVICES" not in copied
+
+
 def test_operator_prefixes_are_kept() -> None:
     env = {"STAGING_PLUGIN_ORDER": "ascending", vllm_staging_plugin.RAY_PREFIXES_VARIABLE: "MYCO_, NCCL_"}
     vllm_staging_plugin.forward_to_ray_workers(env)

@@ -209,3 +209,48 @@ def test_single_rank_report_has_no_rank_column(tmp_path: Path) -> None:
     receipts.write_receipt(tmp_path, _ranked(3, "descending", 10))
     table = report(tmp_path)
     assert "rank" not in table.splitlines()[1] and "own rank" not in table
+
+
+GPU_2026_12_01 = ROOT / "docs" / "data" / "h200-2026-12-01"
+
+
+def _real_captures(stage: str) -> dict[tuple[str, str], list[dict[str, Any]]]:
+    """The recorded real-capture receipts of one stage, by (policy, presize)."""
+    cells: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    for r in receipts.read_receipts(GPU_2026_12_01 / stage / "receipts"):
+        if r["kind"] == "capture":
+            cells.setdefault((r["policy"], r["presize"]), []).append(r)
+    return cells
+
+
+def test_recorded_eagle3_receipts_back_the_results() -> None:
+    """docs/results.md's EAGLE3 table: stock 1-row aux buffers and the crash, plugin 512 rows, N = 3."""
+    cells = _real_captures("eagle3")
+    aux = {"hidden_states", "aux_hidden_states[0]", "aux_hidden_states[1]", "aux_hidden_states[2]"}
+    assert {k: len(v) for k, v in cells.items()} == {
+        ("ascending", "off-allow-crash"): 3, ("ascending", "on"): 3, ("descending", "on"): 3,
+    }  # fmt: skip
+    for (_policy, presize), items in cells.items():
+        for r in items:
+            full, piecewise = r["captured_sequence"]["FULL"], r["captured_sequence"]["PIECEWISE"]
+            assert (len(full), max(full), len(piecewise), max(piecewise)) == (56, 504, 60, 512)
+            assert all(n % 3 == 0 for n in full) and r["capacity"] == 512
+            rows = {name: b["rows"] for name, b in r["staging_bytes"].items()}
+            crashed = presize == "off-allow-crash"
+            assert rows == dict.fromkeys(aux, 1 if crashed else 512)
+            assert r["ok"] is not crashed
+            assert crashed == ("must match the existing size (2)" in (r["error"] or ""))
+
+
+def test_recorded_ray_receipts_carry_the_chosen_order() -> None:
+    """docs/results.md's Ray table: every Ray process that captured did so in the order set on the driver."""
+    cells = _real_captures("ray")
+    counts = {k: len(v) for k, v in cells.items()}
+    assert counts == {("ascending", "off-allow-crash"): 1, ("ascending", "on"): 2}
+    boots = {p.stem: json.loads(p.read_text()) for p in (GPU_2026_12_01 / "ray" / "boots").glob("*.json")}
+    workers = [w for b in boots.values() for w in b.get("workers") or []]
+    assert len(workers) == 2
+    assert all(w["ray_actor_id"] and w["staging_plugin_order"] == "ascending" for w in workers)
+    assert sorted(w["pid"] for w in workers) == sorted(r["pid"] for r in cells[("ascending", "on")])
+    cluster = (GPU_2026_12_01 / "ray" / "ray-cluster.txt").read_text()
+    assert cluster.rstrip().endswith("(none)")  # the raylet's environment held no plugin variable
