@@ -155,8 +155,9 @@ def model_dir(root: Path, name: str) -> Path:
 
 
 # ``--executor``: how vLLM runs the workers. ``ray``: RayExecutorV2 worker actors; ``ray-dp``: vLLM's Ray
-# data-parallel backend, whose engine core is itself a Ray actor (env from vLLM's get_env_vars_to_copy)
-# creating Ray worker actors. Both join the cluster RAY_ADDRESS names.
+# data-parallel backend, whose engine core is itself a Ray actor (env from vLLM's get_env_vars_to_copy);
+# at TP x PP = 1 it runs the worker in-process, above that through Ray worker actors. Both join the cluster
+# RAY_ADDRESS names.
 EXECUTORS: dict[str, dict[str, str]] = {
     "mp": {},
     "ray": {"distributed_executor_backend": "ray"},
@@ -697,7 +698,7 @@ def main() -> int:
     r.add_argument("--pp", type=int, default=1, help="pipeline_parallel_size of every boot")
     r.add_argument("--executor", choices=tuple(EXECUTORS), default="mp",
                    help="mp: vLLM's multiprocessing workers; ray: distributed_executor_backend=ray; "
-                   "ray-dp: data_parallel_backend=ray (engine core and workers are Ray actors); "
+                   "ray-dp: data_parallel_backend=ray (the engine core is a Ray actor); "
                    "Ray joins the cluster RAY_ADDRESS names")  # fmt: skip
     r.add_argument("--rounds", type=int, default=3)
     r.add_argument("--start-round", type=int, default=0)

@@ -6,6 +6,7 @@ import inspect
 import json
 import random
 from importlib.metadata import version
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -138,6 +139,37 @@ def test_every_staging_path(cfg: ReplayConfig) -> None:
     )
     stock_default, patched_default = replay(cfg, patched=False), replay(cfg, patched=True)
     assert stock_default.ok and stock_default.buffers == patched_default.buffers
+
+
+EAGLE3_GPU_RECEIPTS = (
+    Path(__file__).resolve().parents[1] / "docs" / "data" / "h200-2026-12-01" / "eagle3" / "receipts"
+)
+
+
+def test_eagle3_grid_recorded_on_the_h200(mocker: Any) -> None:
+    """The H200's EAGLE3 boots (2 speculative tokens, FULL largest 504 < PIECEWISE largest 512) replayed on
+    the real manager: stock crashes under ascending, the plugin sizes all four buffers to 512, and under
+    vLLM's order the plugin keeps vLLM's own tensors (docs/results.md, EAGLE3)."""
+    recorded = json.loads(
+        next(
+            EAGLE3_GPU_RECEIPTS.glob("r1-qwen3-0.6b-eagle3-descending-plugin/receipt-capture-*.json")
+        ).read_text()
+    )
+    cfg = ReplayConfig(sizes=recorded["capture_sizes"], max_num_seqs=256, decode_query_len=3, aux_layers=3,
+                       hidden_size=1024)  # fmt: skip
+    stock, patched = (
+        replay(cfg, patched=False, reorder=ascending),
+        replay(cfg, patched=True, reorder=ascending),
+    )
+    assert not stock.ok and SHAPE_MISMATCH in (stock.error or "")
+    assert patched.ok and rows(patched) == dict.fromkeys(recorded["staging_bytes"], 512)
+    intercepted = mocker.spy(patch._StagingSlot, "__set__")
+    stock_default, patched_default = replay(cfg, patched=False), replay(cfg, patched=True)
+    assert stock_default.ok and stock_default.buffers == patched_default.buffers
+    assert any(isinstance(c.args[2], torch.Tensor) for c in intercepted.call_args_list)  # vLLM's tensor kept
+    on_the_gpus_release = version("vllm") == recorded["vllm_version"]
+    if on_the_gpus_release:  # the same plan as the H200's, descriptor by descriptor
+        assert patched_default.sequence == recorded["captured_sequence"]
 
 
 def test_descriptor_larger_than_every_registered_one_fits() -> None:

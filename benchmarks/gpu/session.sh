@@ -24,7 +24,8 @@
 #   ray        Ray on every GPU here (issue 11.3): a Ray head started from a shell without any
 #              STAGING_PLUGIN_* variable or VLLM_PLUGINS (the raylet's environment is recorded), then
 #              Qwen3-0.6B with distributed_executor_backend=ray (stock and plugin under ascending) and
-#              with the Ray data-parallel backend (plugin under ascending), TP = number of GPUs.
+#              with the Ray data-parallel backend (plugin under ascending; its engine core is a Ray actor),
+#              TP = number of GPUs.
 #                                                                                  about 4-5 min
 #   decode     steady-state decode tokens/s, vanilla vs plugin under the default order, batch 1 and 64,
 #              Qwen3-0.6B on GPU 0 and Qwen3-8B on GPU 1, N=3 ABBA (issue 13.5).       about 5 min
