@@ -148,7 +148,7 @@ EAGLE3_GPU_RECEIPTS = (
 
 def test_eagle3_grid_recorded_on_the_h200(mocker: Any) -> None:
     """The H200's EAGLE3 boots (2 speculative tokens, FULL largest 504 < PIECEWISE largest 512) replayed on
-    the real manager: stock crashes under ascending, the plugin sizes all four buffers to 512, and under
+    the real manager: stock crashes under ascending, the plugin sizes all four buffers to capacity, and under
     vLLM's order the plugin keeps vLLM's own tensors (docs/results.md, EAGLE3)."""
     recorded = json.loads(
         next(
@@ -162,14 +162,15 @@ def test_eagle3_grid_recorded_on_the_h200(mocker: Any) -> None:
         replay(cfg, patched=True, reorder=ascending),
     )
     assert not stock.ok and SHAPE_MISMATCH in (stock.error or "")
-    assert patched.ok and rows(patched) == dict.fromkeys(recorded["staging_bytes"], 512)
+    assert patched.ok and rows(patched) == dict.fromkeys(recorded["staging_bytes"], patched.capacity)
     intercepted = mocker.spy(patch._StagingSlot, "__set__")
     stock_default, patched_default = replay(cfg, patched=False), replay(cfg, patched=True)
     assert stock_default.ok and stock_default.buffers == patched_default.buffers
     assert any(isinstance(c.args[2], torch.Tensor) for c in intercepted.call_args_list)  # vLLM's tensor kept
     on_the_gpus_release = version("vllm") == recorded["vllm_version"]
-    if on_the_gpus_release:  # the same plan as the H200's, descriptor by descriptor
+    if on_the_gpus_release:  # the same plan as the H200's, descriptor by descriptor (older: other grids)
         assert patched_default.sequence == recorded["captured_sequence"]
+        assert patched.capacity == recorded["capacity"] == 512
 
 
 def test_descriptor_larger_than_every_registered_one_fits() -> None:
