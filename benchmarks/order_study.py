@@ -233,6 +233,12 @@ class Cell:
         return (self.model, self.order, self.arm, self.tp, self.pp, self.mode, self.executor)
 
 
+def record_key(b: dict[str, Any]) -> tuple[str, str, str, int, int, str, str]:
+    """``Cell.key`` of a boot record (records from before a field existed get its default)."""
+    return (b["model"], b["order"], b["arm"], b.get("tp", 1), b.get("pp", 1), b.get("mode", "llm"),
+            b.get("executor", "mp"))  # fmt: skip
+
+
 def parse_plan(text: str) -> list[tuple[str, str]]:
     """``arm@order,...`` -> [(arm, order)]; arms are checked, orders are the plugin's to check."""
     pairs = []
@@ -260,8 +266,7 @@ def planned_cells(args: argparse.Namespace, out: Path) -> list[Cell]:
             b = json.loads(path.read_text())
             if str(b.get("error", "")).startswith(STOPPED):
                 continue  # not a measurement: run it again
-            key = (b["model"], b["order"], b["arm"], b.get("tp", 1), b.get("pp", 1), b.get("mode", "llm"),
-                   b.get("executor", "mp"))  # fmt: skip
+            key = record_key(b)
             done[key] = done.get(key, 0) + 1
             last = max(last, int(b.get("round", 0)))
         wanted = [(m, a, o, "llm", args.fill_to) for m in models for a, o in plan]

@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Builds a payload that puts a real vLLM on the lent GPU machine, which has no package registry.
 # Run it from the project root: bash benchmarks/gpu/build-payload.sh [VLLM_VERSION]   (default 0.33.0)
-# It writes .gpu/p1, .gpu/p2, ... (vLLM, its dependency wheels and Ray) (each under 61 MiB, so one fits in a GPU-machine run beside the project),
-# and keeps them git-ignored. Then one GPU-machine run per part, back to back (the machine stays warm
-# only about 30 s between runs), carrying .gpu/pK:   bash .gpu/pK/device-stage.sh
+# It writes .gpu/p1, .gpu/p2, ... holding vLLM, its dependency wheels and Ray (each under 61 MiB, so one
+# fits in a GPU-machine run beside the project), and keeps them git-ignored. Then one GPU-machine run per
+# part, back to back (the machine stays warm only about 30 s between runs), carrying .gpu/pK:
+#   bash .gpu/pK/device-stage.sh
 # The last part prints READY; later commands in that run and in later runs on the same warm machine
 # start with:  source /tmp/site/env.sh  (see docs/results.md, "Reproduce")
 set -euo pipefail
