@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import logging
 import os
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -32,24 +31,20 @@ class Records(logging.Handler):
 
 @pytest.fixture(autouse=True)
 def clean_plugin_state(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    """Every test starts with no plugin variables set and a fresh one-warning-per-process budget."""
+    """Every test starts with no plugin variables set and a fresh installer (one warning per process)."""
     for key in list(os.environ):
         if key.startswith("STAGING_PLUGIN"):
             monkeypatch.delenv(key)
-    from vllm_staging_plugin import patch
+    from vllm_staging_plugin._engine import installer
 
-    monkeypatch.setattr(patch, "_state", {"warned": False, "announced": False})
+    monkeypatch.setattr(installer.INSTALLER, "refused", False)
+    monkeypatch.setattr(installer.INSTALLER, "announced", False)
+    monkeypatch.setattr(installer.INSTALLER, "v1_warned", False)
+    monkeypatch.setattr(installer.INSTALLER, "foreign_warned", False)
+    monkeypatch.setattr(installer.INSTALLER, "agreement_rounds", {})
     yield
-    cls = getattr(sys.modules.get("vllm.v1.worker.gpu.cudagraph_utils"), "ModelCudaGraphManager", None)
-    if isinstance(cls, type):  # no test may leak a patched class into the next one
-        patch.unpatch(cls)
-    from vllm_staging_plugin.import_hook import remove_hooks
-
-    remove_hooks("vllm.v1.worker.gpu.cudagraph_utils")
-    from vllm_staging_plugin import runner_guard
-
-    remove_hooks(runner_guard.V1_RUNNER_MODULE)
-    runner_guard.unguard(sys.modules.get(runner_guard.V1_RUNNER_MODULE))
+    installer.INSTALLER.uninstall()  # no test may leak a wrapped class, a hook or the Ray variable
+    assert not installer.INSTALLER.classes
 
 
 @pytest.fixture

@@ -1,30 +1,34 @@
-"""Ranks agree on order and capacity before the real capture: a real c10d store, and real gloo groups."""
+"""Coupled ranks agree on order and capacity before the real capture; independent engines never wait.
+
+Unit tests run the check on a real c10d store; the subprocess test runs DP=2 x TP=2 as four processes in
+one real gloo group (the default group spanning both data-parallel engines, as vLLM builds it for MoE
+data parallelism and under ``external_launcher``), with the real manager and the real capture path.
+"""
 
 from __future__ import annotations
 
-import itertools
 import json
 import os
 import socket
 import subprocess
 import sys
 import textwrap
-from datetime import timedelta
 from typing import Any
 
 import pytest
 import torch.distributed as dist
 
-from vllm_staging_plugin import agreement
-from vllm_staging_plugin.agreement import AgreementError, check
-from vllm_staging_plugin.settings import Settings
+from vllm_staging_plugin._engine import agreement
+from vllm_staging_plugin._engine.agreement import AgreementError, check, coupled_ranks
+from vllm_staging_plugin._engine.settings import Settings
 
 
 class Desc:
-    def __init__(self, n: int) -> None:
+    def __init__(self, n: int, num_reqs: int | None = None) -> None:
         self.num_tokens = n
+        self.num_reqs = num_reqs if num_reqs is not None else n
 
-    def __repr__(self) -> str:
+    def __repr__(self) -> str:  # a repr that hides num_reqs: the digest must not rely on it
         return f"Desc({self.num_tokens})"
 
 
@@ -32,82 +36,136 @@ def plan_for(order: str, tokens: tuple[int, ...] = (4, 2, 1)) -> dict[str, Any]:
     return agreement.plan(Settings(order=order), {"PIECEWISE": [Desc(n) for n in tokens]})
 
 
-@pytest.fixture
-def store(monkeypatch: pytest.MonkeyPatch) -> Any:
-    monkeypatch.setattr(agreement, "_round", itertools.count())
-    return dist.HashStore()
+def publish(store: Any, ranks: str, rank: int, plan: dict[str, Any], round_: int = 0) -> None:
+    store.set(f"{agreement.KEY_PREFIX}/{ranks}/{round_}/{rank}", json.dumps(plan, sort_keys=True))
 
 
-def publish(store: Any, rank: int, plan: dict[str, Any]) -> None:
-    store.set(f"{agreement.KEY_PREFIX}/0/{rank}", json.dumps(plan, sort_keys=True))
-
-
-def test_agreeing_ranks_pass(store: Any) -> None:
-    publish(store, 1, plan_for("descending"))
-    assert check(plan_for("descending"), store, 0, 2, wait_seconds=5) == 2
+def test_agreeing_ranks_pass() -> None:
+    store = dist.HashStore()
+    publish(store, "0-1", 1, plan_for("ascending"))
+    assert check(plan_for("ascending"), store, 0, range(2), wait_seconds=5) == 2
 
 
 @pytest.mark.parametrize(
     ("other", "differs"),
     [
-        (plan_for("ascending", (1, 2, 4)), "STAGING_PLUGIN_ORDER=ascending"),
-        (plan_for("descending", (8, 2, 1)), "capacity=8"),
+        (plan_for("max-first", (4, 1, 2)), "STAGING_PLUGIN_ORDER=max-first"),
+        (plan_for("ascending", (1, 2, 8)), "capacity=8"),
     ],
     ids=["order", "capacity"],
 )
-def test_a_split_fails_naming_ranks_and_settings(store: Any, other: dict[str, Any], differs: str) -> None:
-    publish(store, 1, other)
-    publish(store, 2, plan_for("descending"))
+def test_a_split_fails_naming_ranks_and_settings(other: dict[str, Any], differs: str) -> None:
+    store = dist.HashStore()
+    publish(store, "0-2", 1, other)
+    publish(store, "0-2", 2, plan_for("ascending", (1, 2, 4)))
     with pytest.raises(AgreementError) as caught:
-        check(plan_for("descending"), store, 0, 3, wait_seconds=5)
+        check(plan_for("ascending", (1, 2, 4)), store, 0, range(3), wait_seconds=5)
     text = str(caught.value)
-    assert "ranks [0, 2]: STAGING_PLUGIN_ORDER=descending" in text and "capacity=4" in text
+    assert "ranks [0, 2]: STAGING_PLUGIN_ORDER=ascending" in text and "capacity=4" in text
     assert "ranks [1]: " in text and differs in text
 
 
-def test_the_digest_sees_the_order_not_only_the_policy_name() -> None:
+def test_the_digest_reads_descriptor_fields_not_repr() -> None:
     assert plan_for("x", (4, 2, 1))["digest"] != plan_for("x", (1, 2, 4))["digest"]
     assert plan_for("x", (4, 2, 1)) == plan_for("x", (4, 2, 1))
+    one = agreement.plan(Settings(order="x"), {"FULL": [Desc(4, num_reqs=4)]})
+    other = agreement.plan(Settings(order="x"), {"FULL": [Desc(4, num_reqs=1)]})
+    assert repr(Desc(4, 4)) == repr(Desc(4, 1)) and one["digest"] != other["digest"]
 
 
-def test_a_silent_rank_is_a_warning_under_vllms_order(store: Any, plugin_log: Any) -> None:
-    check(plan_for("descending"), store, 0, 2, wait_seconds=0.2)
-    assert len(plugin_log.warnings) == 1 and "ranks [1] published no capture plan" in plugin_log.warnings[0]
-
-
-def test_a_silent_rank_is_an_error_under_another_order(store: Any) -> None:
+def test_a_silent_coupled_rank_is_an_error_naming_it() -> None:
     with pytest.raises(AgreementError, match=r"ranks \[1\] published no capture plan.*'ascending'"):
-        check(plan_for("ascending"), store, 0, 2, wait_seconds=0.2)
+        check(plan_for("ascending"), dist.HashStore(), 0, range(2), wait_seconds=0.2)
+
+
+def test_recapture_in_one_process_uses_the_next_round() -> None:
+    store = dist.HashStore()
+    for round_ in (0, 1):
+        publish(store, "0-1", 1, plan_for("ascending"), round_)
+        assert check(plan_for("ascending"), store, 0, range(2), wait_seconds=5) == 2
 
 
 def test_no_process_group_means_no_check(mocker: Any) -> None:
     spy = mocker.spy(agreement, "check")
-    agreement.check_process_group(Settings(order="ascending"), {"PIECEWISE": [Desc(1)]})
+    ordered = {"PIECEWISE": [Desc(1)]}
+    assert agreement.check_coupled_ranks(Settings(order="ascending"), ordered, mocker.Mock()) is None
     assert spy.call_count == 0 and not dist.is_initialized()
 
 
-# ---- two real processes, a real gloo group, the real manager ---------------------------------------
+@pytest.mark.parametrize(
+    ("rank", "world", "engine", "dp", "moe", "expected"),
+    [
+        (0, 2, 2, 1, False, [0, 1]),  # one TP=2 engine: both ranks
+        (3, 4, 2, 2, False, [2, 3]),  # DP=2 x TP=2, dense, one default group over both: own engine only
+        (1, 4, 2, 2, True, [0, 1, 2, 3]),  # MoE DP: every engine steps in lockstep
+        (5, 8, 2, 2, True, [4, 5, 6, 7]),  # two coupled DP blocks in one launch world
+        (1, 2, 2, 2, True, [0, 1]),  # elastic EP: the default group holds one engine only
+        (0, 4, 4, 1, False, [0, 1, 2, 3]),  # TP=2 x PP=2
+        (0, 1, 1, 1, False, [0]),
+    ],
+)
+def test_coupled_ranks(rank: int, world: int, engine: int, dp: int, moe: bool, expected: list[int]) -> None:
+    assert list(coupled_ranks(rank, world, engine, dp, moe)) == expected
+
+
+# ---- DP=2 x TP=2: four processes, one real gloo group, the real manager ------------------------------
 
 RANK = """
-import json, os
+import json, os, time, types
 from datetime import timedelta
 import torch.distributed as dist
 import vllm_staging_plugin
-from vllm_staging_plugin import cpu_replay
+from vllm_staging_plugin._engine import agreement, staging
+from vllm_staging_plugin._offline import cpu_replay
 
-dist.init_process_group("gloo", rank=int(os.environ["RANK"]), world_size=2, timeout=timedelta(seconds=60))
-cfg = cpu_replay.ReplayConfig(sizes=(1, 2, 4, 8, 16), max_num_seqs=16, hidden_size=64)
-out = []
-for order in (os.environ["FIRST_ORDER"], "descending"):  # a split, then the same order everywhere
-    os.environ["STAGING_PLUGIN_ORDER"] = order
+rank = int(os.environ["RANK"])
+agreement.WAIT_SECONDS = 30.0
+dist.init_process_group("gloo", rank=rank, world_size=4, timeout=timedelta(seconds=120))
+store = dist.distributed_c10d._get_default_store()
+cfg = cpu_replay.ReplayConfig(sizes=(1, 2, 4, 8, 16), max_num_seqs=16, hidden_size=64,
+                              tensor_parallel_size=2, data_parallel_size=2)
+engine = rank // 2  # vLLM's layout: DP engine 0 holds ranks 0-1, engine 1 ranks 2-3
+log = []
+import logging
+handler = logging.Handler()
+handler.emit = lambda record: log.append(record.getMessage())
+plugin_logger = logging.getLogger("vllm.staging_plugin")
+plugin_logger.addHandler(handler)
+plugin_logger.setLevel(logging.INFO)
+out = {}
+for name, orders, moe, late, wait in json.loads(os.environ["SCENARIOS"]):
+    dist.barrier()  # the harness lines the scenarios up; the plugin itself does not
+    agreement.WAIT_SECONDS = wait
+    os.environ["STAGING_PLUGIN_ORDER"] = orders[rank]
     vllm_staging_plugin.register()
+    if engine == 1:
+        time.sleep(late)  # this DP engine reaches capture later (weights on a slower disk)
+    keys_before = store.num_keys()
     with cpu_replay.cpu_stubs(cfg):
         manager = cpu_replay.build_manager(cfg)
+        if moe:  # what vLLM's ModelConfig.is_moe answers for a model with experts
+            manager.vllm_config.model_config = types.SimpleNamespace(is_moe=True)
+        started = time.monotonic()
         result = cpu_replay.run_capture(manager, cfg)
-    out.append({"ok": result.ok, "error": result.error, "forwards": result.forwards,
-                "agreed": manager.__dict__.get("_vllm_staging_ranks_agreed")})
+        seconds = time.monotonic() - started
+    state = staging.state_of(manager)
+    out[name] = {"ok": result.ok, "error": result.error, "forwards": result.forwards[::2],
+                 "agreed": state.ranks_agreed, "seconds": seconds, "log": list(log),
+                 "new_keys": store.num_keys() - keys_before}
+    log.clear()
+    vllm_staging_plugin.unregister()
+dist.barrier()
 print("RESULT:" + json.dumps(out))
 """
+
+ASC = ["ascending"] * 4
+SCENARIOS = [  # name, order per rank, MoE, how late engine 1 comes, the agreement's wait bound
+    ("default", ["descending"] * 4, False, 4.0, 2.0),
+    ("dense", ASC, False, 4.0, 2.0),  # engine 0 must not wait 4 s for engine 1 (it would time out at 2)
+    ("moe", ASC, True, 1.5, 30.0),  # coupled: every rank agrees, engine 0 waits for engine 1
+    ("moe-split", ["ascending", "ascending", "max-first", "max-first"], True, 0.0, 30.0),
+    ("engine-split", ["ascending", "shuffle:1", "ascending", "ascending"], False, 0.0, 30.0),
+]
 
 
 def _free_port() -> int:
@@ -116,39 +174,62 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-@pytest.mark.contract
-@pytest.mark.subprocess
-def test_a_misconfigured_rank_fails_every_rank_before_capture() -> None:
+@pytest.fixture(scope="module")
+def dp_tp_runs() -> list[dict[str, Any]]:
     pytest.importorskip("vllm.v1.worker.gpu.cudagraph_utils")
     base = {k: v for k, v in os.environ.items() if not k.startswith("STAGING_PLUGIN")}
-    base |= {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port())}
+    base |= {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port()), "SCENARIOS": json.dumps(SCENARIOS)}
     procs = [
         subprocess.Popen(
             [sys.executable, "-c", textwrap.dedent(RANK)],
-            env=base | {"RANK": str(rank), "FIRST_ORDER": "ascending" if rank == 1 else "descending"},
+            env=base | {"RANK": str(rank)},
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
         )
-        for rank in (0, 1)
+        for rank in range(4)
     ]
     results = []
     for proc in procs:
-        stdout, stderr = proc.communicate(timeout=300)
+        stdout, stderr = proc.communicate(timeout=400)
         lines = [x for x in stdout.splitlines() if x.startswith("RESULT:")]
         assert proc.returncode == 0 and lines, stdout[-2000:] + stderr[-3000:]
         results.append(json.loads(lines[-1].removeprefix("RESULT:")))
-    for rank, (split, agreed) in enumerate(results):
-        assert not split["ok"] and split["error"].startswith("AgreementError: ")
-        assert "ranks [0]: STAGING_PLUGIN_ORDER=descending" in split["error"]
-        assert "ranks [1]: STAGING_PLUGIN_ORDER=ascending" in split["error"]
-        assert split["forwards"] == []  # failed before the first forward of the capture
-        assert agreed["ok"] and agreed["forwards"][0] == 16, (rank, agreed)
-        assert agreed["agreed"] == 2  # both ranks' plans compared (recorded in receipts as ranks_agreed)
+    return results
 
 
-def test_timeout_type_is_what_store_wait_takes() -> None:
-    """The store's wait takes a timedelta; a bare float would raise before any rank is compared."""
-    store = dist.HashStore()
-    store.set("k", "v")
-    store.wait(["k"], timedelta(seconds=1))
+@pytest.mark.contract
+@pytest.mark.subprocess
+def test_data_parallel_engines_agree_only_where_coupled(dp_tp_runs: list[dict[str, Any]]) -> None:
+    for rank, runs in enumerate(dp_tp_runs):
+        engine = rank // 2
+        default = runs["default"]  # vLLM's order: no check, no store key, no wait, no word
+        assert default["ok"] and default["agreed"] is None and default["new_keys"] == 0, default
+        assert default["log"] == [] or all("sized to 16 rows" in m for m in default["log"])
+        assert default["seconds"] < 4.0
+        dense = runs["dense"]  # each dense engine's two ranks agree; the other engine is not waited on
+        assert dense["ok"] and dense["agreed"] == 2, dense
+        assert dense["forwards"][:5] == [1, 2, 4, 8, 16]  # and they captured in the chosen order
+        moe = runs["moe"]  # MoE DP: all four ranks compared
+        assert moe["ok"] and moe["agreed"] == 4, moe
+        if engine == 0:
+            assert moe["seconds"] >= 1.0  # engine 0 waited for engine 1's plan: they are coupled
+        split = runs["moe-split"]  # a real misconfiguration among coupled ranks fails on each of them
+        assert not split["ok"] and split["error"].startswith("AgreementError: ") and split["forwards"] == []
+        assert "ranks [0, 1]: STAGING_PLUGIN_ORDER=ascending" in split["error"]
+        assert "ranks [2, 3]: STAGING_PLUGIN_ORDER=max-first" in split["error"]
+        inner = runs["engine-split"]  # inside engine 0 only: engine 0 fails, engine 1 boots
+        if engine == 0:
+            assert not inner["ok"] and "ranks [1]: STAGING_PLUGIN_ORDER=shuffle:1" in inner["error"]
+        else:
+            assert inner["ok"] and inner["agreed"] == 2, inner
+
+
+def test_the_wait_is_bounded_by_the_configured_seconds() -> None:
+    """A silent peer costs the configured wait, not the store's default timeout (300 s), then an error."""
+    import time
+
+    started = time.monotonic()
+    with pytest.raises(AgreementError, match="within 0 s"):
+        check(plan_for("ascending"), dist.HashStore(), 0, range(2), wait_seconds=0.3)
+    assert 0.25 <= time.monotonic() - started < 10

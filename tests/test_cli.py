@@ -8,7 +8,7 @@ import pytest
 
 pytest.importorskip("vllm.v1.worker.gpu.cudagraph_utils")
 
-from vllm_staging_plugin.cli import main
+from vllm_staging_plugin._offline.cli import main
 
 pytestmark = pytest.mark.contract
 
@@ -17,7 +17,7 @@ def test_main_job_shows_the_crash_and_the_fix(capsys: Any) -> None:
     assert main([]) == 0
     out = capsys.readouterr().out
     assert "would patch: yes" in out
-    assert "PIECEWISE   51 descriptors, num_tokens 512, 496, 480, 464, ..., 8, 4, 2, 1" in out
+    assert "PIECEWISE   51 descriptors, num_tokens 512, 496, 480, 464, 448, ..., 16, 8, 4, 2, 1" in out
     assert "capacity   512 rows" in out
     assert (
         "stock    CRASH: RuntimeError: The expanded size of the tensor (1) must match the existing size (2)"
@@ -50,7 +50,7 @@ def test_json_and_gpu_need_serve_arguments() -> None:
 
 
 def test_main_job_says_not_installed(capsys: Any, monkeypatch: pytest.MonkeyPatch) -> None:
-    from vllm_staging_plugin import compat
+    from vllm_staging_plugin._engine import compat
 
     monkeypatch.setattr(compat, "installed_versions", lambda: {"vllm": None, "torch": "2.13.0"})
     assert main([]) == 1

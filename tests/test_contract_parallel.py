@@ -24,7 +24,7 @@ pytestmark = [pytest.mark.contract, pytest.mark.subprocess]
 RANK = """
 import json, os
 import vllm_staging_plugin
-from vllm_staging_plugin import cpu_replay
+from vllm_staging_plugin._offline import cpu_replay
 rank = int(os.environ["RANK"])
 layouts = {
     "tp": cpu_replay.ReplayConfig(hidden_size=256, tensor_parallel_size=2),

@@ -15,8 +15,9 @@ import torch
 pytest.importorskip("vllm.v1.worker.gpu.cudagraph_utils")
 
 import vllm_staging_plugin
-from vllm_staging_plugin import compat, cpu_replay, patch
-from vllm_staging_plugin.cpu_replay import ReplayConfig, ascending, replay
+from vllm_staging_plugin._engine import compat, patch, staging
+from vllm_staging_plugin._offline import cpu_replay
+from vllm_staging_plugin._offline.cpu_replay import ReplayConfig, ascending, replay
 
 pytestmark = pytest.mark.contract
 _CU = cpu_replay.cudagraph_module()
@@ -87,8 +88,8 @@ def test_max_first_boots_unpatched_so_only_the_first_descriptor_matters() -> Non
 
 def test_default_order_is_byte_identical_and_keeps_the_stock_tensor(mocker: Any) -> None:
     stock = replay(QWEN3_8B, patched=False)
-    spy = mocker.spy(patch, "presized")
-    intercepted = mocker.spy(patch._StagingSlot, "__set__")
+    spy = mocker.spy(staging, "presized")
+    intercepted = mocker.spy(staging._StagingSlot, "__set__")
     patched = replay(QWEN3_8B, patched=True)
     assert stock.ok and patched.ok
     assert (
@@ -161,7 +162,7 @@ def test_eagle3_grid_recorded_on_the_h200(mocker: Any) -> None:
     patched = replay(cfg, patched=True, reorder=ascending)
     assert not stock.ok and SHAPE_MISMATCH in (stock.error or "")
     assert patched.ok and rows(patched) == dict.fromkeys(recorded["staging_bytes"], patched.capacity)
-    intercepted = mocker.spy(patch._StagingSlot, "__set__")
+    intercepted = mocker.spy(staging._StagingSlot, "__set__")
     stock_default, patched_default = replay(cfg, patched=False), replay(cfg, patched=True)
     assert stock_default.ok and stock_default.buffers == patched_default.buffers
     assert any(isinstance(c.args[2], torch.Tensor) for c in intercepted.call_args_list)  # vLLM's tensor kept
@@ -190,7 +191,7 @@ def _drive(cfg: ReplayConfig, **manager_attrs: Any) -> cpu_replay.ReplayResult:
     assert patch.is_patched(cls)
     with cpu_replay.cpu_stubs(cfg):
         manager = cpu_replay.build_manager(cfg)
-        assert manager.__dict__[patch.CAPACITY_ATTR] == 512
+        assert staging.state_of(manager).capacity == 512
         for key, value in manager_attrs.items():
             setattr(manager, key, value)
         return cpu_replay.run_capture(manager, cfg)
@@ -250,7 +251,7 @@ def test_stock_staging_reproduces_the_crash_on_purpose(
     vllm_staging_plugin.register()
     with cpu_replay.cpu_stubs(QWEN3_8B):
         manager = cpu_replay.build_manager(QWEN3_8B)
-        assert patch.CAPACITY_ATTR not in vars(manager)
+        assert staging.state_of(manager).capacity is None  # lazy staging: no capacity to hold
         result = cpu_replay.run_capture(manager, QWEN3_8B)
     assert not result.ok and SHAPE_MISMATCH in (result.error or "")
     (receipt,) = [json.loads(p.read_text()) for p in tmp_path.glob("receipt-*.json")]
@@ -264,7 +265,7 @@ def test_stock_staging_reproduces_the_crash_on_purpose(
 def test_bad_order_fails_register_and_manager_construction_before_anything_is_built(
     monkeypatch: pytest.MonkeyPatch, mocker: Any
 ) -> None:
-    from vllm_staging_plugin.settings import ConfigError
+    from vllm_staging_plugin._engine.settings import ConfigError
 
     vllm_staging_plugin.register()
     monkeypatch.setenv("STAGING_PLUGIN_ORDER", "fastest")
@@ -283,8 +284,8 @@ def test_bad_order_fails_register_and_manager_construction_before_anything_is_bu
 
 
 def test_builtin_policies_on_the_real_descriptor_lists() -> None:
-    from vllm_staging_plugin.policies import order_descriptors
-    from vllm_staging_plugin.settings import Settings
+    from vllm_staging_plugin._engine.policies import order_descriptors
+    from vllm_staging_plugin._engine.settings import Settings
 
     with cpu_replay.cpu_stubs(QWEN3_8B), cpu_replay.stock_or_patched(False):
         manager = cpu_replay.build_manager(QWEN3_8B)

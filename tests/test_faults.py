@@ -20,11 +20,11 @@ import torch
 from fakes import FULL, PIECEWISE, FakeManager, config, descs, fresh_class, make_module
 
 import vllm_staging_plugin
-from vllm_staging_plugin import compat, patch, policies, receipts
-from vllm_staging_plugin.import_hook import PostImportHook
-from vllm_staging_plugin.patch import CAPACITY_ATTR
-from vllm_staging_plugin.policies import PolicyError
-from vllm_staging_plugin.settings import ConfigError
+from vllm_staging_plugin._engine import compat, installer, patch, policies, receipts, staging
+from vllm_staging_plugin._engine.import_hook import PostImportHook
+from vllm_staging_plugin._engine.policies import PolicyError
+from vllm_staging_plugin._engine.settings import ConfigError
+from vllm_staging_plugin._offline import receipt_reader
 
 MODULE = compat.CUDAGRAPH_MODULE
 
@@ -74,7 +74,7 @@ def test_bad_variable_value_refuses_at_register(case: str, monkeypatch: pytest.M
     env, allowed = BAD_VALUES[case]
     for key, value in env.items():
         monkeypatch.setenv(key, value)
-    monkeypatch.delenv(vllm_staging_plugin.RAY_PREFIXES_VARIABLE, raising=False)
+    monkeypatch.delenv(installer.RAY_PREFIXES_VARIABLE, raising=False)
     variable = case.split()[0].split("=")[0]
     monkeypatch.delitem(sys.modules, MODULE, raising=False)
     with pytest.raises(ConfigError) as caught:
@@ -83,7 +83,7 @@ def test_bad_variable_value_refuses_at_register(case: str, monkeypatch: pytest.M
     assert text.startswith(f"{variable}=") or f" {variable}=" in text, text
     assert allowed in text
     assert MODULE not in hooks()  # nothing half-registered: no import hook ...
-    assert vllm_staging_plugin.RAY_PREFIXES_VARIABLE not in os.environ  # ... and no Ray forwarding
+    assert installer.RAY_PREFIXES_VARIABLE not in os.environ  # ... and no Ray forwarding
 
 
 def test_vllms_plugin_loader_passes_the_refusal_on(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -149,7 +149,7 @@ def test_changed_structure_leaves_a_stock_manager_and_one_warning(
     assert patch.is_patched(cls)  # the class looked right; the built manager does not
     first = build(cls)
     assert not patch.is_patched(cls) and type(first) is cls  # back to stock for this and later managers
-    assert CAPACITY_ATTR not in vars(first) and patch.SETTINGS_ATTR not in vars(first)
+    assert staging.state_of(first) is None
     if "num_tokens" not in fault:
         first.capture()  # the manager works as stock vLLM's
     build(cls)  # a second manager: no second warning
@@ -324,7 +324,7 @@ def test_receipt_directory_without_faults_gets_one_receipt(
     monkeypatch.setenv("STAGING_PLUGIN_RECEIPTS_DIR", str(tmp_path / "receipts"))
     vllm_staging_plugin.register()
     build(module.ModelCudaGraphManager).capture()
-    (receipt,) = receipts.read_receipts(tmp_path)
+    (receipt,) = receipt_reader.read_receipts(tmp_path)
     assert (
         receipt["captured_sequence"] == {"PIECEWISE": [1, 2, 4, 8], "FULL": [1, 2]}
         and receipt["capacity"] == 8

@@ -9,7 +9,7 @@ from types import ModuleType
 
 import pytest
 
-from vllm_staging_plugin.import_hook import PostImportHook, remove_hooks, when_imported
+from vllm_staging_plugin._engine.import_hook import PostImportHook, remove_hooks, when_imported
 
 
 @pytest.fixture

@@ -17,8 +17,8 @@ import pytest
 
 pytest.importorskip("vllm.v1.worker.gpu.cudagraph_utils")
 
-from vllm_staging_plugin import preflight
-from vllm_staging_plugin.cli import main
+from vllm_staging_plugin._offline import preflight
+from vllm_staging_plugin._offline.cli import main
 
 pytestmark = pytest.mark.contract
 
@@ -189,7 +189,7 @@ def test_the_machine_is_left_as_it_was(tmp_path: Path, capsys: Any) -> None:
 def test_the_emulated_platform_is_vllms_cuda_platform() -> None:
     from vllm.platforms.interface import PlatformEnum
 
-    platform = preflight.emulated_platform(preflight.GPUS["a100"])
+    platform = preflight.platform.emulated_platform(preflight.GPUS["a100"])
     assert type(platform).__mro__[1].__module__ == "vllm.platforms.cuda"
     assert platform._enum == PlatformEnum.CUDA and platform.device_type == "cuda"
     assert platform.support_static_graph_mode() and platform.is_cuda()

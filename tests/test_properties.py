@@ -20,8 +20,8 @@ import torch
 from hypothesis import HealthCheck, assume, event, given, settings
 from hypothesis import strategies as st
 
-from vllm_staging_plugin import cpu_replay
-from vllm_staging_plugin.cpu_replay import ReplayConfig, ReplayResult
+from vllm_staging_plugin._offline import cpu_replay
+from vllm_staging_plugin._offline.cpu_replay import ReplayConfig, ReplayResult
 
 pytestmark = pytest.mark.contract
 FEATURES = cpu_replay.features()

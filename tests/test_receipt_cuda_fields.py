@@ -19,7 +19,8 @@ import torch
 pytest.importorskip("vllm.v1.worker.gpu.cudagraph_utils")
 
 import vllm_staging_plugin
-from vllm_staging_plugin import capture_session, cpu_replay
+from vllm_staging_plugin._engine import capture_session
+from vllm_staging_plugin._offline import cpu_replay
 
 pytestmark = pytest.mark.contract
 SMALL = cpu_replay.ReplayConfig(sizes=(1, 2, 4, 8), max_num_seqs=8, hidden_size=16)
@@ -196,8 +197,6 @@ def test_guarded_step_warning_text(plugin_log: Any) -> None:
 
 
 def _stub_manager(**extra: Any) -> Any:
-    from vllm_staging_plugin.patch import AGREED_ATTR
-
     model = types.SimpleNamespace(architectures=["FakeForCausalLM", "Other"], get_hidden_size=lambda: 24.0)
     config = types.SimpleNamespace(
         model_config=model, compilation_config=types.SimpleNamespace(cudagraph_capture_sizes=[1, 2])
@@ -209,14 +208,18 @@ def _stub_manager(**extra: Any) -> Any:
         is_last_pp_rank=False,
         **extra,
     )
-    manager.__dict__[AGREED_ATTR] = 2
     return manager
 
 
-def test_environment_fields_from_the_manager(fake_cuda: FakeCuda) -> None:
-    from vllm_staging_plugin.settings import Settings
+def _state(order: str = "descending", agreed: int | None = None) -> Any:
+    from vllm_staging_plugin._engine.settings import Settings
+    from vllm_staging_plugin._engine.staging import ManagerState
 
-    env = capture_session._environment(_stub_manager(), Settings(order="ascending"), profiling=False)
+    return ManagerState(Settings(order=order), capacity=2, ranks_agreed=agreed)
+
+
+def test_environment_fields_from_the_manager(fake_cuda: FakeCuda) -> None:
+    env = capture_session._environment(_stub_manager(), _state("ascending", 2), profiling=False)
     assert env["architecture"] == "FakeForCausalLM" and env["hidden_size"] == 24
     assert isinstance(env["hidden_size"], int)
     assert env["cudagraph_mode"] == "FULL_AND_PIECEWISE" and env["capture_sizes"] == [1, 2]
@@ -229,7 +232,7 @@ def test_environment_fields_from_the_manager(fake_cuda: FakeCuda) -> None:
         cudagraph_mode="PIECEWISE",
         device="cpu",
     )
-    env = capture_session._environment(bare, Settings(), profiling=True)
+    env = capture_session._environment(bare, _state(), profiling=True)
     assert env["architecture"] is None and env["hidden_size"] is None and env["capture_sizes"] == []
     assert (
         env["cudagraph_mode"] == "PIECEWISE"
@@ -250,15 +253,15 @@ def test_finish_cuts_full_only_for_profiling_and_tolerates_missing_readings(fake
     manager = types.SimpleNamespace(
         _max_full_descs_to_capture=2, _capture_mem_samples=[1, 1], _capture_descs=captured
     )
-    receipt = capture_session._finish({}, manager, captured, 1.5, profiling=False)
+    receipt = capture_session._finish({}, None, manager, 1.5, profiling=False)  # type: ignore[typeddict-item]
     assert receipt["captured_sequence"] == {"FULL": [8, 4, 2]}  # the real capture is never cut
     assert receipt["profiling_estimate_bytes"] is None  # only profiling receipts carry vLLM's estimate
     assert receipt["graph_memory_bytes"] is None  # no reading before the capture: no difference
-    plain = types.SimpleNamespace()
-    receipt = capture_session._finish({"_free_before": 10 * MIB}, plain, captured, 0.5, profiling=True)
+    plain = types.SimpleNamespace(_capture_descs=captured)
+    receipt = capture_session._finish({}, 10 * MIB, plain, 0.5, profiling=True)  # type: ignore[typeddict-item]
     assert receipt["captured_sequence"] == {"FULL": [8, 4, 2]}  # no limit known: nothing cut
     assert receipt["profiling_estimate_bytes"] is None  # no samples on this manager
-    assert receipt["capture_seconds"] == 0.5 and "_free_before" not in receipt
+    assert receipt["capture_seconds"] == 0.5
 
 
 def test_finish_estimate_only_when_profiling_even_with_a_reading(fake_cuda: FakeCuda) -> None:
@@ -266,22 +269,18 @@ def test_finish_estimate_only_when_profiling_even_with_a_reading(fake_cuda: Fake
 
     captured = {CUDAGraphMode.FULL: _descs(8, 4)}
     manager = types.SimpleNamespace(_capture_mem_samples=[3 * MIB, 1 * MIB], _capture_descs=captured)
-    receipt = capture_session._finish(
-        {"_free_before": 500 * MIB}, manager, captured, 1.234567, profiling=False
-    )
+    receipt = capture_session._finish({}, 500 * MIB, manager, 1.234567, profiling=False)  # type: ignore[typeddict-item]
     assert receipt["graph_memory_bytes"] is not None and receipt["profiling_estimate_bytes"] is None
     assert receipt["capture_seconds"] == 1.2346  # rounded to 0.1 ms
 
 
 def test_hidden_size_that_cannot_be_read_is_none(fake_cuda: FakeCuda) -> None:
-    from vllm_staging_plugin.settings import Settings
-
     def unreadable() -> int:
         raise ValueError("exotic config")
 
     manager = _stub_manager()
     manager.vllm_config.model_config.get_hidden_size = unreadable
-    assert capture_session._environment(manager, Settings(), profiling=False)["hidden_size"] is None
+    assert capture_session._environment(manager, _state(), profiling=False)["hidden_size"] is None
 
 
 def test_estimate_with_modes_that_have_no_name() -> None:

@@ -9,8 +9,9 @@ from typing import Any
 
 import pytest
 
-from vllm_staging_plugin import cli, receipts
-from vllm_staging_plugin.report import ReportError, report, summarize
+from vllm_staging_plugin._engine import receipts
+from vllm_staging_plugin._offline import cli, receipt_reader
+from vllm_staging_plugin._offline.report import ReportError, report, summarize
 
 ROOT = Path(__file__).resolve().parents[1]
 H200 = ROOT / "docs" / "data" / "h200-2026-11-29" / "receipts"
@@ -27,7 +28,7 @@ def sample(**overrides: Any) -> dict[str, Any]:
 def test_receipt_round_trip_and_schema(tmp_path: Path) -> None:
     path = receipts.write_receipt(tmp_path / "new", sample(policy="ascending"))
     assert path.name.startswith("receipt-capture-") and "rank0" in path.name
-    (loaded,) = receipts.read_receipts(tmp_path)
+    (loaded,) = receipt_reader.read_receipts(tmp_path)
     assert loaded["policy"] == "ascending" and set(receipts.REQUIRED_FIELDS) <= set(loaded)
     with pytest.raises(ValueError, match="receipt lacks fields: capacity"):
         receipts.write_receipt(tmp_path, {k: v for k, v in sample().items() if k != "capacity"})
@@ -58,7 +59,7 @@ def test_many_processes_share_one_directory(tmp_path: Path) -> None:
         assert p.exitcode == 0
     names = [p.name for p in tmp_path.iterdir()]
     assert len(names) == 100 and not [n for n in names if n.startswith(".tmp-")]
-    loaded = receipts.read_receipts(tmp_path)
+    loaded = receipt_reader.read_receipts(tmp_path)
     assert sorted((r["rank"], r["capacity"]) for r in loaded) == [(w, i) for w in range(4) for i in range(25)]
 
 
@@ -67,7 +68,7 @@ def test_report_on_h200_receipts_is_exact() -> None:
 
 
 def test_report_cells_match_the_study() -> None:
-    rows = {(r.config.split()[1], r.arm, r.policy): r for r in summarize(receipts.read_receipts(H200))}
+    rows = {(r.config.split()[1], r.arm, r.policy): r for r in summarize(receipt_reader.read_receipts(H200))}
     assert len(rows) == 16 and {r.n for r in rows.values()} == {3}  # 2 shapes x 4 orders x 2 arms, N = 3
     crashed = {key for key, r in rows.items() if r.ok == 0}
     assert crashed == {(h, "stock", p) for h in ("h=1024", "h=4096") for p in ("ascending", "shuffle:1")}
@@ -90,7 +91,7 @@ def test_plot_is_written(tmp_path: Path) -> None:
 
 def _skipped(directory: Path) -> tuple[list[dict[str, Any]], list[tuple[str, str]]]:
     seen: list[tuple[str, str]] = []
-    loaded = receipts.read_receipts(directory, lambda path, why: seen.append((path.name, why)))
+    loaded = receipt_reader.read_receipts(directory, lambda path, why: seen.append((path.name, why)))
     return loaded, seen
 
 
@@ -126,7 +127,7 @@ def test_unreadable_and_foreign_receipts_are_skipped_one_warning_each(tmp_path: 
 
 def test_skipped_files_warn_through_the_plugin_logger_by_default(tmp_path: Path, plugin_log: Any) -> None:
     (tmp_path / "receipt-x.json").write_text("{not json")
-    assert receipts.read_receipts(tmp_path) == []
+    assert receipt_reader.read_receipts(tmp_path) == []
     assert (
         len(plugin_log.warnings) == 1
         and f"skipped {tmp_path / 'receipt-x.json'}: not JSON" in (plugin_log.warnings[0])
@@ -147,17 +148,15 @@ def test_report_goes_on_past_a_bad_receipt(tmp_path: Path, capsys: Any) -> None:
 def test_cli_report_on_a_directory_of_only_bad_receipts_fails(tmp_path: Path, capsys: Any) -> None:
     (tmp_path / "receipt-a.json").write_text("{not json")
     (tmp_path / "receipt-b.json").write_text(json.dumps({"schema": "other"}))
-    with pytest.raises(SystemExit) as stop:
-        cli.main(["report", str(tmp_path)])
-    assert (
-        stop.value.code
-        == f"vllm-staging-plugin report: no capture receipts in {tmp_path} (2 file(s) skipped, see above)"
-    )
-    assert len(capsys.readouterr().err.splitlines()) == 2  # one warning per file
+    assert cli.main(["report", str(tmp_path)]) == 1
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 3  # one warning per file, then the one line saying why nothing is reported
+    why = f"no capture receipts in {tmp_path} (2 file(s) skipped, see above)"
+    assert err[-1] == f"vllm-staging-plugin report: {why}"
 
 
 @pytest.mark.parametrize("case", ["missing", "empty", "a file", "profiling only"])
-def test_cli_report_without_capture_receipts_exits_non_zero(case: str, tmp_path: Path) -> None:
+def test_cli_report_without_capture_receipts_exits_non_zero(case: str, tmp_path: Path, capsys: Any) -> None:
     target = {"missing": tmp_path / "nonexistent", "a file": tmp_path / "receipt.json"}.get(case, tmp_path)
     if case == "a file":
         target.write_text("{}")
@@ -167,11 +166,10 @@ def test_cli_report_without_capture_receipts_exits_non_zero(case: str, tmp_path:
         "missing": f"no such directory: {target}",
         "a file": f"not a directory: {target}",
     }.get(case, f"no capture receipts in {target}")
-    with pytest.raises(ReportError) as stop:
-        cli.main(["report", str(target)])
-    assert stop.value.code == f"vllm-staging-plugin report: {expected}"
-    # SystemExit with a message: Python prints it to stderr and exits with status 1
-    assert isinstance(stop.value, SystemExit) and not isinstance(stop.value.code, int)
+    with pytest.raises(ReportError, match=expected):  # library callers get the exception ...
+        report(target)
+    assert cli.main(["report", str(target)]) == 1  # ... the command one line on stderr and status 1
+    assert capsys.readouterr().err.splitlines()[-1] == f"vllm-staging-plugin report: {expected}"
 
 
 # ---- several ranks: one row per rank, each against its own rank's baseline --------------------------
@@ -189,7 +187,7 @@ def test_report_groups_receipts_per_rank(tmp_path: Path) -> None:
         for _ in range(2):
             receipts.write_receipt(tmp_path, _ranked(rank, "descending", desc))
             receipts.write_receipt(tmp_path, _ranked(rank, "ascending", asc))
-    rows = {(r.policy, r.rank): r for r in summarize(receipts.read_receipts(tmp_path))}
+    rows = {(r.policy, r.rank): r for r in summarize(receipt_reader.read_receipts(tmp_path))}
     assert set(rows) == {(p, r) for p in ("descending", "ascending") for r in (0, 1)}
     assert {r.n for r in rows.values()} == {2}  # not 4: ranks are not pooled
     pool = "graph_pool_reserved_bytes"
@@ -217,7 +215,7 @@ GPU_2026_12_01 = ROOT / "docs" / "data" / "h200-2026-12-01"
 def _real_captures(stage: str) -> dict[tuple[str, str], list[dict[str, Any]]]:
     """The recorded real-capture receipts of one stage, by (policy, presize)."""
     cells: dict[tuple[str, str], list[dict[str, Any]]] = {}
-    for r in receipts.read_receipts(GPU_2026_12_01 / stage / "receipts"):
+    for r in receipt_reader.read_receipts(GPU_2026_12_01 / stage / "receipts"):
         if r["kind"] == "capture":
             cells.setdefault((r["policy"], r["presize"]), []).append(r)
     return cells

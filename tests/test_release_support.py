@@ -13,7 +13,7 @@ import pytest
 pytest.importorskip("vllm")
 
 import vllm_staging_plugin
-from vllm_staging_plugin import compat, patch
+from vllm_staging_plugin._engine import compat, patch
 
 pytestmark = pytest.mark.contract
 

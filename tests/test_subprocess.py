@@ -28,7 +28,8 @@ except ImportError:
 from vllm.plugins import load_general_plugins
 load_general_plugins()  # exactly what EngineCore / each worker does at start-up
 import vllm.v1.worker.gpu.cudagraph_utils as cu  # what model_runner imports before building managers
-from vllm_staging_plugin import cpu_replay, patch
+from vllm_staging_plugin._offline import cpu_replay
+from vllm_staging_plugin._engine import patch, staging
 cfg = cpu_replay.ReplayConfig(hidden_size=64)
 order = os.environ.get("REPLAY_ORDER")
 with cpu_replay.cpu_stubs(cfg):
@@ -36,7 +37,7 @@ with cpu_replay.cpu_stubs(cfg):
     result = cpu_replay.run_capture(manager, cfg, cpu_replay.ascending if order == "ascending" else None)
 print("RESULT:" + json.dumps({
     "patched": patch.is_patched(cu.ModelCudaGraphManager),
-    "capacity_attr": manager.__dict__.get(patch.CAPACITY_ATTR),
+    "capacity_attr": getattr(staging.state_of(manager), "capacity", None),
     "ok": result.ok, "error": result.error,
     "rows": {k: b["rows"] for k, b in result.buffers.items()},
     "forwards": result.forwards[::2],
@@ -120,9 +121,10 @@ def test_third_party_policy_through_entry_point(tmp_path: Path) -> None:
 
 
 SHUFFLE = """
-from vllm_staging_plugin import cpu_replay
-from vllm_staging_plugin.policies import reordered
-from vllm_staging_plugin.settings import read_settings
+from vllm_staging_plugin._offline import cpu_replay
+from vllm_staging_plugin._engine.policies import reordered
+from vllm_staging_plugin._engine.settings import read_settings
+from vllm_staging_plugin._engine import staging
 import json
 cfg = cpu_replay.ReplayConfig()
 with cpu_replay.cpu_stubs(cfg):

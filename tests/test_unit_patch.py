@@ -11,10 +11,10 @@ import torch
 from fakes import FULL, PIECEWISE, FakeManager, config, descs, fresh_class, make_module
 
 import vllm_staging_plugin
-from vllm_staging_plugin import compat, patch
-from vllm_staging_plugin.patch import CAPACITY_ATTR, StagingError
-from vllm_staging_plugin.policies import order_descriptors
-from vllm_staging_plugin.settings import Settings
+from vllm_staging_plugin._engine import compat, installer, patch, staging
+from vllm_staging_plugin._engine.policies import order_descriptors
+from vllm_staging_plugin._engine.settings import Settings
+from vllm_staging_plugin._engine.staging import StagingError
 
 MODULE = compat.CUDAGRAPH_MODULE
 
@@ -46,7 +46,7 @@ def test_register_twice_patches_once(fake_module: Any) -> None:
     vllm_staging_plugin.register()
     assert patch.is_patched(cls)
     assert (cls.__dict__["__init__"], cls.__dict__["capture"]) == first
-    assert cls.__dict__[patch.ORIGINALS_ATTR]["__init__"] is FakeManager.__init__
+    assert installer.INSTALLER.classes[cls].originals["__init__"] is FakeManager.__init__
 
 
 def test_unpatch_restores_class_exactly(fake_module: Any) -> None:
@@ -78,7 +78,7 @@ def test_stock_fake_crashes_under_ascending_order() -> None:
 
 def test_default_order_keeps_the_stock_tensor(fake_module: Any, mocker: Any) -> None:
     vllm_staging_plugin.register()
-    spy = mocker.spy(patch, "presized")
+    spy = mocker.spy(staging, "presized")
     manager = build(fake_module.ModelCudaGraphManager)
     manager.capture()
     assert spy.call_count == 0  # vLLM's first output already has capacity rows: kept, nothing allocated
@@ -88,7 +88,7 @@ def test_default_order_keeps_the_stock_tensor(fake_module: Any, mocker: Any) -> 
 def test_nothing_to_capture_allocates_nothing(fake_module: Any) -> None:
     vllm_staging_plugin.register()
     manager = fake_module.ModelCudaGraphManager(config(), "cpu", "NONE", 1, capture_descs={})
-    assert manager.__dict__[CAPACITY_ATTR] == 0
+    assert staging.state_of(manager).capacity == 0
     assert manager.capture() == [] and manager.hidden_states is None
 
 
@@ -101,7 +101,7 @@ def test_kill_switch_leaves_vllm_untouched(fake_module: Any, monkeypatch: pytest
 def test_register_never_imports_vllm_or_torch_when_module_not_loaded(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delitem(sys.modules, MODULE, raising=False)
     vllm_staging_plugin.register()  # only installs the import hook
-    from vllm_staging_plugin.import_hook import PostImportHook
+    from vllm_staging_plugin._engine.import_hook import PostImportHook
 
     assert any(isinstance(f, PostImportHook) and f.fullname == MODULE for f in sys.meta_path)
 
@@ -155,7 +155,7 @@ def test_fault_leaves_stock_manager_and_one_warning(
         )
         manager.capture()  # stock: works in vLLM's descending order
         assert not patch.is_patched(cls)
-        assert CAPACITY_ATTR not in vars(manager)
+        assert staging.state_of(manager) is None
         build_again = cls  # a second manager in the same process: still one warning
         if fault != "signature changed":
             build(build_again).capture()
@@ -179,7 +179,7 @@ def test_allocation_failure_stops_with_a_clear_error_or_is_not_needed(
     """An allocation is only attempted when vLLM's first buffer is too short; failing it is a clear stop."""
     monkeypatch.setenv("STAGING_PLUGIN_ORDER", order)
     vllm_staging_plugin.register()
-    mocker.patch.object(patch, "presized", side_effect=torch.OutOfMemoryError("CUDA out of memory"))
+    mocker.patch.object(staging, "presized", side_effect=torch.OutOfMemoryError("CUDA out of memory"))
     manager = build(fake_module.ModelCudaGraphManager, sizes=([1, 2, 4, 8, 16], [1, 2, 3]))
     first = order_descriptors(Settings(order=order), "PIECEWISE", manager._capture_descs[PIECEWISE])[0]
     if first.num_tokens == 16:  # largest first (descending, max-first, shuffle:3): capacity rows already
@@ -217,7 +217,7 @@ def test_strict_allocation_failure_raises(
 ) -> None:
     monkeypatch.setenv("STAGING_PLUGIN_STRICT", "1")
     vllm_staging_plugin.register()
-    mocker.patch.object(patch, "presized", side_effect=RuntimeError("boom"))
+    mocker.patch.object(staging, "presized", side_effect=RuntimeError("boom"))
     manager = build(fake_module.ModelCudaGraphManager)
     ascending(manager)
     failed = r"allocating hidden_states with 8 rows failed \(RuntimeError: boom\)"
@@ -251,7 +251,7 @@ def test_growth_after_capture_regrows_until_graphs_exist(fake_module: Any) -> No
 
 
 def test_presized_keeps_dtype_device_and_trailing_shape() -> None:
-    from vllm_staging_plugin.patch import presized
+    from vllm_staging_plugin._engine.staging import presized
 
     t = torch.zeros(2, 3, 5, dtype=torch.float16)
     grown = presized(t, 7)

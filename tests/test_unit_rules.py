@@ -7,9 +7,14 @@ from typing import Any
 import pytest
 from fakes import FULL, PIECEWISE, Desc, descs
 
-from vllm_staging_plugin.policies import PolicyError, order_descriptors, plugin_manager, validate_order
-from vllm_staging_plugin.settings import ConfigError, Settings, read_settings
-from vllm_staging_plugin.sizing import capture_sequence, staging_bytes, staging_capacity
+from vllm_staging_plugin._engine.policies import (
+    PolicyError,
+    order_descriptors,
+    plugin_manager,
+    validate_order,
+)
+from vllm_staging_plugin._engine.settings import ConfigError, Settings, read_settings
+from vllm_staging_plugin._engine.sizing import capture_sequence, staging_bytes, staging_capacity
 
 
 def test_capacity_is_max_over_all_modes_lora_cases_and_dbo_twins() -> None:

@@ -68,7 +68,7 @@ SUPPORTED_TESTS = [
 REFUSED_TESTS = ["tests/test_release_support.py"]
 PROBE = """
 import json
-from vllm_staging_plugin import compat
+from vllm_staging_plugin._engine import compat
 out = {"version": compat.installed_versions()["vllm"]}
 try:
     import importlib

@@ -1,7 +1,7 @@
 """The stock-crash atlas: which configurations crash stock vLLM's staging in vLLM's OWN capture order?
 
 For every searched configuration, the REAL ``ModelCudaGraphManager`` of a release builds its capture
-descriptors (``_init_candidates``, through ``vllm_staging_plugin.cpu_replay`` on CPU); then its real
+descriptors (``_init_candidates``, through ``vllm_staging_plugin._offline.cpu_replay`` on CPU); then its real
 capture staging code runs in vLLM's own order, stock and patched. Stock crashes are grouped into
 families by their condition, and each family's condition, written as arithmetic over the user-facing
 settings, is checked against every outcome (``predicate_mismatches`` must be 0).
@@ -110,7 +110,7 @@ def predicted_crash(setting: dict[str, Any]) -> bool:
 
 def settings(search: Search, feats: dict[str, bool], skipped: list[str]) -> Iterator[dict[str, Any]]:
     """Every searched setting except the pipeline position (which does not change the descriptors)."""
-    from vllm_staging_plugin import cpu_replay
+    from vllm_staging_plugin._offline import cpu_replay
 
     derived_ok = True
     for ms, n in itertools.product(search.max_num_seqs, search.speculative_tokens):
@@ -142,7 +142,7 @@ def settings(search: Search, feats: dict[str, bool], skipped: list[str]) -> Iter
 
 
 def replay_config(setting: dict[str, Any], pp: str) -> Any:
-    from vllm_staging_plugin.cpu_replay import ReplayConfig
+    from vllm_staging_plugin._offline.cpu_replay import ReplayConfig
 
     first, last = PP[pp]
     return ReplayConfig(
@@ -157,7 +157,7 @@ def replay_config(setting: dict[str, Any], pp: str) -> Any:
 
 def descriptors(cfg: Any) -> tuple[Any, ...]:
     """The real manager's descriptor lists for ``cfg``, stock, as a hashable value."""
-    from vllm_staging_plugin import cpu_replay
+    from vllm_staging_plugin._offline import cpu_replay
 
     with cpu_replay.cpu_stubs(cfg), cpu_replay.stock_or_patched(False):
         manager = cpu_replay.build_manager(cfg)
@@ -166,7 +166,7 @@ def descriptors(cfg: Any) -> tuple[Any, ...]:
 
 def outcome(cfg: Any) -> dict[str, Any]:
     """Stock and patched replay of ``cfg`` in vLLM's own order."""
-    from vllm_staging_plugin.cpu_replay import replay
+    from vllm_staging_plugin._offline.cpu_replay import replay
 
     stock, patched = replay(cfg, patched=False), replay(cfg, patched=True)
     rows = {b["rows"] for b in patched.buffers.values()}
@@ -193,7 +193,8 @@ def example_key(item: tuple[dict[str, Any], str]) -> tuple[Any, ...]:
 
 
 def worker(scope: str, memo: bool) -> dict[str, Any]:
-    from vllm_staging_plugin import compat, cpu_replay
+    from vllm_staging_plugin._engine import compat
+    from vllm_staging_plugin._offline import cpu_replay
 
     started = time.monotonic()
     feats = cpu_replay.features()

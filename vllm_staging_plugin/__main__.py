@@ -1,3 +1,3 @@
-from vllm_staging_plugin.cli import main
+from vllm_staging_plugin._offline.cli import main
 
 raise SystemExit(main())

@@ -12,8 +12,8 @@ from typing import Any
 
 import pluggy
 
-from . import hookspecs
-from .hookspecs import hookimpl
+from .. import hookspecs
+from ..hookspecs import hookimpl
 from .settings import DEFAULT_ORDER, ENV_ORDER, ConfigError, Settings, strict_requested
 
 ENTRY_POINT_GROUP = "vllm_staging_plugin.order_policies"

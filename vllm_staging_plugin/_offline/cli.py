@@ -9,27 +9,13 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from . import __version__
+from .. import __version__
+from .._engine.settings import ENV_ORDER, ENV_PRESIZE, ConfigError, Settings, read_settings
 from .preflight import GPUS
-from .settings import ENV_ORDER, ENV_PRESIZE, ConfigError, Settings, read_settings, scoped_environ
+from .text import describe_buffers, shorten
 
-MIB = 1024 * 1024
 # The main job shows a crash and its fix; the pre-flight (`check -- ARGS`) defaults to vLLM's own order.
 MAIN_JOB_ORDER = "ascending"
-
-
-def _shorten(values: Sequence[int], keep: int = 4) -> str:
-    if len(values) <= 2 * keep:
-        return ", ".join(map(str, values))
-    return ", ".join(map(str, values[:keep])) + ", ..., " + ", ".join(map(str, values[-keep:]))
-
-
-def _buffers(buffers: dict[str, dict[str, Any]]) -> str:
-    if not buffers:
-        return "none allocated"
-    return "; ".join(
-        f"{name} {b['shape']} {b['dtype']} = {b['bytes'] / MIB:.2f} MiB" for name, b in buffers.items()
-    )
 
 
 def _installed(versions: dict[str, str | None], dist: str) -> str:
@@ -38,14 +24,14 @@ def _installed(versions: dict[str, str | None], dist: str) -> str:
 
 def check(args: argparse.Namespace) -> int:
     """The main job: what is installed, whether the plugin would patch it, and a CPU replay."""
-    from . import compat
+    from .._engine import compat
 
     versions = compat.installed_versions()
     print(f"vllm-staging-plugin {__version__}")
     print(f"installed: {_installed(versions, 'vllm')}, {_installed(versions, 'torch')}")
     try:
         settings = read_settings()
-        from .policies import allowed_orders, validate_order
+        from .._engine.policies import allowed_orders, validate_order
 
         validate_order(settings)
         print(f"configuration: order={settings.order} presize={settings.presize} "
@@ -58,8 +44,8 @@ def check(args: argparse.Namespace) -> int:
     if versions["vllm"] is None:
         print("would patch: no (vLLM is not installed)")
         return 1
+    from .._engine.policies import order_descriptors
     from . import cpu_replay
-    from .policies import order_descriptors
 
     try:
         module = cpu_replay.cudagraph_module()
@@ -81,7 +67,7 @@ def check(args: argparse.Namespace) -> int:
     def reorder(descs: list[Any]) -> list[Any]:
         return order_descriptors(order, "replay", descs)
 
-    with scoped_environ({ENV_ORDER: "descending", ENV_PRESIZE: "on"}):
+    with cpu_replay.scoped_environ({ENV_ORDER: "descending", ENV_PRESIZE: "on"}):
         stock_default = cpu_replay.replay(cfg, patched=False)
         patched_default = cpu_replay.replay(cfg, patched=True)
         stock = cpu_replay.replay(cfg, patched=False, reorder=reorder)
@@ -91,15 +77,17 @@ def check(args: argparse.Namespace) -> int:
           f"{len(cfg.sizes)} sizes up to {max(cfg.sizes)}, max_num_seqs {cfg.max_num_seqs}, "
           f"hidden {cfg.hidden_size} {str(cfg.dtype).removeprefix('torch.')}):")  # fmt: skip
     for mode, tokens in stock_default.sequence.items():
-        print(f"  {mode:<10} {len(tokens):>3} descriptors, num_tokens {_shorten(tokens)}")
+        print(f"  {mode:<10} {len(tokens):>3} descriptors, num_tokens {shorten(tokens)}")
     print(f"  capacity   {stock_default.capacity} rows")
-    print(f"  staging    {_buffers(patched_default.buffers)}")
+    print(f"  staging    {describe_buffers(patched_default.buffers)}")
     print()
     print(f"capture staging replayed under order '{order.order}':")
     for mode, tokens in stock.sequence.items():
-        print(f"  {mode:<10} num_tokens {_shorten(tokens)}")
-    print(f"  stock    {'OK' if stock.ok else 'CRASH'}: {stock.error or _buffers(stock.buffers)}")
-    print(f"  patched  {'OK' if patched.ok else 'CRASH'}: {patched.error or _buffers(patched.buffers)}")
+        print(f"  {mode:<10} num_tokens {shorten(tokens)}")
+    print(f"  stock    {'OK' if stock.ok else 'CRASH'}: {stock.error or describe_buffers(stock.buffers)}")
+    print(
+        f"  patched  {'OK' if patched.ok else 'CRASH'}: {patched.error or describe_buffers(patched.buffers)}"
+    )
     identical = stock_default.ok and stock_default.buffers == patched_default.buffers
     print(f"under vLLM's own order (descending): stock and patched buffers identical in shape, dtype "
           f"and bytes: {'yes' if identical else 'NO'}")  # fmt: skip
@@ -108,9 +96,14 @@ def check(args: argparse.Namespace) -> int:
 
 
 def report_command(args: argparse.Namespace) -> int:
-    from .report import report
+    from .report import ReportError, report
 
-    print(report(Path(args.directory), Path(args.plot) if args.plot else None))
+    try:
+        table = report(Path(args.directory), Path(args.plot) if args.plot else None)
+    except ReportError as exc:
+        print(exc, file=sys.stderr)
+        return 1
+    print(table)
     if args.plot:
         print(f"plot written to {args.plot}")
     return 0

@@ -3,25 +3,25 @@
 The patch lives in Model Runner V2's ``ModelCudaGraphManager``. vLLM 0.33.0 falls back to the V1 runner
 (``vllm.v1.worker.gpu_model_runner.GPUModelRunner``) for features V2 lacks or without Triton, and releases
 before 0.29.0 run V2 only for some models or on request (``VLLM_USE_V2_MODEL_RUNNER=1``). Without this
-guard the plugin would then be silently inactive and ``STAGING_PLUGIN_ORDER`` ignored.
+guard the plugin would then be silently inactive and ``STAGING_PLUGIN_ORDER`` ignored. The guard wraps
+only the runner's constructor and is removed as soon as a V2 manager is built in the process.
 """
 
 from __future__ import annotations
 
 import functools
 import logging
+import sys
 from collections.abc import Callable
 from types import ModuleType
 from typing import Any
 
+from .installer import INSTALLER, V1_RUNNER_MODULE, Wrapped
 from .settings import DEFAULT_ORDER, ENV_ORDER, ENV_STRICT, read_settings
 
 logger = logging.getLogger("vllm.staging_plugin")
 
-V1_RUNNER_MODULE = "vllm.v1.worker.gpu_model_runner"
 V1_RUNNER_CLASS = "GPUModelRunner"
-GUARD_ATTR = "_vllm_staging_plugin_v1_guard"  # sentinel on the V1 class: the original __init__
-_state = {"warned": False}
 
 
 class V1RunnerError(RuntimeError):
@@ -44,32 +44,36 @@ def on_v1_runner() -> None:
     settings = read_settings()
     if settings.disabled:
         return
+    INSTALLER.model_runner_v1_chosen()
     if settings.strict:
         raise V1RunnerError(message())
-    if not _state["warned"]:
-        _state["warned"] = True
+    if not INSTALLER.v1_warned:
+        INSTALLER.v1_warned = True
         logger.warning(message())
 
 
 def guard(module: ModuleType) -> None:
     """Wrap the V1 runner's ``__init__`` (idempotent); never breaks the import of vLLM's module."""
     cls = getattr(module, V1_RUNNER_CLASS, None)
-    if not isinstance(cls, type) or GUARD_ATTR in cls.__dict__ or "__init__" not in cls.__dict__:
+    if not isinstance(cls, type) or "__init__" not in cls.__dict__:
         return
-    original: Callable[..., None] = cls.__dict__["__init__"]
 
-    @functools.wraps(original)
-    def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
-        if type(self) is cls:  # not the CPU/XPU runners that subclass it: no CUDA graphs to stage there
-            on_v1_runner()
-        original(self, *args, **kwargs)
+    def make(record: Wrapped) -> dict[str, Any]:
+        original: Callable[..., None] = record.originals["__init__"]
 
-    setattr(cls, GUARD_ATTR, original)
-    cls.__init__ = __init__  # type: ignore[misc]
+        @functools.wraps(original)
+        def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
+            # not the CPU/XPU runners that subclass it: no CUDA graphs to stage there
+            if record.live and type(self) is cls:
+                on_v1_runner()
+            original(self, *args, **kwargs)
+
+        return {"__init__": __init__}
+
+    INSTALLER.wrap(cls, ("__init__",), make)
 
 
-def unguard(module: ModuleType | None) -> None:
-    cls = getattr(module, V1_RUNNER_CLASS, None)
-    if isinstance(cls, type) and GUARD_ATTR in cls.__dict__:
-        cls.__init__ = cls.__dict__[GUARD_ATTR]  # type: ignore[misc]
-        delattr(cls, GUARD_ATTR)
+def guarded_class() -> type | None:
+    """The V1 runner class if the guard wraps it."""
+    cls = getattr(sys.modules.get(V1_RUNNER_MODULE), V1_RUNNER_CLASS, None)
+    return cls if isinstance(cls, type) and cls in INSTALLER.classes else None

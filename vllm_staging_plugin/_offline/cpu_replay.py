@@ -2,22 +2,25 @@
 
 Only the CUDA-specific edges are stubbed (the PP group, the graph pool, attention-input preparation,
 the forward context and the base class's ``torch.cuda.graph`` loop, replaced by a loop that runs each
-descriptor's warm-up and capture forwards in the stored order). ``store_capture_output`` -- the code
-that crashes -- is vLLM's own. Used by the CLI's main job and by the contract tests.
+descriptor's warm-up and capture forwards in the stored order; ``tests/test_contract_replay_loop.py`` pins
+that loop to vLLM's own on every supported release). ``store_capture_output`` -- the code that crashes --
+is vLLM's own. Used by the CLI's main job, the pre-flight, the atlas and the contract tests.
 """
 
 from __future__ import annotations
 
 import contextlib
 import inspect
+import os
 import types
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
-from . import patch as staging_patch
+from .._engine import patch as staging_patch
+from .._engine.staging import staging_buffer_bytes, staging_tensors
 
 
 def default_sizes(max_size: int) -> tuple[int, ...]:
@@ -299,8 +302,7 @@ def run_capture(manager: Any, cfg: ReplayConfig, reorder: Reorder | None = None)
     from vllm.v1.kv_cache_interface import KVCacheConfig
     from vllm.v1.worker.gpu.input_batch import InputBuffers
 
-    from .capture_session import staging_buffer_bytes
-    from .sizing import capture_sequence, staging_capacity
+    from .._engine.sizing import capture_sequence, staging_capacity
 
     if reorder is not None:  # simulate another capture order on stock and patched alike
         for mode, descs in manager._capture_descs.items():
@@ -372,8 +374,29 @@ def replay_tensors(
     with cpu_stubs(cfg), stock_or_patched(patched):
         manager = build_manager(cfg)
         result = run_capture(manager, cfg, reorder)
-    return result, dict(staging_patch.staging_tensors(manager))
+    return result, dict(staging_tensors(manager))
 
 
 def ascending(descs: list[Any]) -> list[Any]:
     return sorted(descs, key=lambda d: d.num_tokens)
+
+
+@contextlib.contextmanager
+def scoped_environ(values: Mapping[str, str | None]) -> Iterator[None]:
+    """Set (a value) or unset (None) variables for a block, then restore them exactly: the CLI and the
+    pre-flight replay stock and patched arms in one process by steering the plugin through its variables."""
+    saved = {key: os.environ.get(key) for key in values}
+    try:
+        for key, value in values.items():
+            _put(key, value)
+        yield
+    finally:
+        for key, old in saved.items():
+            _put(key, old)
+
+
+def _put(key: str, value: str | None) -> None:
+    if value is None:
+        os.environ.pop(key, None)
+    else:
+        os.environ[key] = value

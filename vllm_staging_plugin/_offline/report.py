@@ -9,14 +9,14 @@ from __future__ import annotations
 import statistics
 import sys
 from collections import defaultdict
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .receipts import read_receipts
+from .receipt_reader import read_receipts
+from .text import MIB
 
-MIB = 1024 * 1024
 METRICS = (
     ("graph_pool_reserved_bytes", "pool MiB", MIB),
     ("graph_memory_bytes", "took MiB", MIB),
@@ -43,15 +43,12 @@ class Row:
     rank: int = 0
 
 
-class ReportError(SystemExit):
-    """Nothing to report (missing, not a directory, or no capture receipt): the command exits non-zero.
-
-    A ``SystemExit`` so that ``vllm-staging-plugin report`` prints the message and exits with status 1
-    instead of printing a table-less success; library callers can catch it by name.
-    """
+class ReportError(Exception):
+    """Nothing to report (missing, not a directory, or no capture receipt, or no plotting library): the
+    CLI prints the message and exits with status 1 instead of printing a table-less success."""
 
 
-def config_label(receipt: dict[str, Any]) -> str:
+def config_label(receipt: Mapping[str, Any]) -> str:
     sizes = receipt.get("capture_sizes") or []
     return (
         f"{receipt.get('architecture')} h={receipt.get('hidden_size')} "
@@ -60,11 +57,11 @@ def config_label(receipt: dict[str, Any]) -> str:
     )
 
 
-def arm(receipt: dict[str, Any]) -> str:
+def arm(receipt: Mapping[str, Any]) -> str:
     return "plugin" if receipt.get("presize", "on") == "on" else "stock"
 
 
-def rank_of(receipt: dict[str, Any]) -> int:
+def rank_of(receipt: Mapping[str, Any]) -> int:
     rank = receipt.get("rank")
     return rank if isinstance(rank, int) and not isinstance(rank, bool) else 0
 
@@ -73,9 +70,9 @@ def _stat(values: Sequence[float]) -> Stat | None:
     return Stat(statistics.median(values), min(values), max(values)) if values else None
 
 
-def summarize(receipts: Iterable[dict[str, Any]]) -> list[Row]:
+def summarize(receipts: Iterable[Mapping[str, Any]]) -> list[Row]:
     """Rows per (configuration, arm, policy, rank) over real-capture receipts (profiling ones are skipped)."""
-    groups: dict[tuple[str, str, str, int], list[dict[str, Any]]] = defaultdict(list)
+    groups: dict[tuple[str, str, str, int], list[Mapping[str, Any]]] = defaultdict(list)
     for r in receipts:
         if r.get("kind") == "capture":
             groups[(config_label(r), arm(r), str(r["policy"]), rank_of(r))].append(r)
@@ -151,7 +148,7 @@ def plot(rows: list[Row], path: Path) -> None:
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError as exc:
-        raise SystemExit("--plot needs matplotlib: pip install 'vllm-staging-plugin[plot]'") from exc
+        raise ReportError("--plot needs matplotlib: pip install 'vllm-staging-plugin[plot]'") from exc
     configs = list(dict.fromkeys(r.config for r in rows))
     fig, axes = plt.subplots(
         len(configs), len(METRICS), figsize=(5 * len(METRICS), 3.2 * len(configs)), squeeze=False

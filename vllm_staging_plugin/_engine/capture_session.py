@@ -1,7 +1,8 @@
-"""Around one ``ModelCudaGraphManager.capture`` call: apply the order policy, measure, write a receipt.
+"""Around one ``ModelCudaGraphManager.capture`` call, only when ``STAGING_PLUGIN_RECEIPTS_DIR`` is set:
+measure the capture and write its receipt.
 
-The order policy applies to the real capture only. vLLM's profiling pass captures just the first two
-FULL descriptors and extrapolates from them assuming they are the largest, so it keeps vLLM's order.
+Nothing here is imported, and no CUDA synchronize, NVML call or file write happens, unless the operator
+asked for receipts. A receipt never takes the capture down: every step is guarded.
 """
 
 from __future__ import annotations
@@ -15,43 +16,37 @@ from typing import Any, TypeVar
 
 import torch
 
-from . import __version__
-from .patch import AGREED_ATTR, staging_tensors
-from .receipts import SCHEMA, write_receipt
-from .settings import DEFAULT_ORDER, Settings
-from .sizing import capture_sequence, staging_bytes, staging_capacity
+from .. import __version__
+from .receipts import SCHEMA, Receipt, ReceiptStart, write_receipt
+from .settings import DEFAULT_ORDER
+from .sizing import capture_sequence, staging_capacity
+from .staging import ManagerState, staging_buffer_bytes
 
 logger = logging.getLogger("vllm.staging_plugin")
 _T = TypeVar("_T")
 
 
 @contextmanager
-def capture_session(
-    manager: Any, settings: Settings, profiling: bool, ordered: dict[Any, list[Any]] | None = None
-) -> Iterator[None]:
-    """``ordered``: the descriptors in policy order for this capture (None keeps vLLM's order)."""
-    if ordered is None and settings.receipts_dir is None:
-        yield  # vLLM's order, no receipts: nothing to do, not even a synchronize
-        return
-    stock_descs = manager._capture_descs
-    if ordered is not None:
-        manager._capture_descs = ordered
-    receipt = _guarded("start the receipt", _start_receipt, manager, settings, profiling)
+def receipt_session(manager: Any, state: ManagerState, profiling: bool) -> Iterator[None]:
+    """Measure the capture in the block and write its receipt to the settings' receipts directory."""
+    directory = state.settings.receipts_dir
+    assert directory is not None
+    started_receipt = _guarded("start the receipt", _start_receipt, manager, state, profiling)
     started = time.perf_counter()
     try:
         yield
     except BaseException as exc:
-        if receipt is not None:
-            receipt.update(ok=False, error=f"{type(exc).__name__}: {exc}")
+        if started_receipt is not None:
+            started_receipt[0]["ok"] = False
+            started_receipt[0]["error"] = f"{type(exc).__name__}: {exc}"
         raise
     finally:
         seconds = time.perf_counter() - started
-        captured = manager._capture_descs
-        manager._capture_descs = stock_descs
-        if receipt is not None and settings.receipts_dir is not None:
-            done = _guarded("finish the receipt", _finish, receipt, manager, captured, seconds, profiling)
+        if started_receipt is not None:
+            receipt, free_before = started_receipt
+            done = _guarded("finish the receipt", _finish, receipt, free_before, manager, seconds, profiling)
             if done is not None:  # an unfinished receipt is not written
-                _guarded("write the receipt", write_receipt, settings.receipts_dir, done)
+                _guarded("write the receipt", write_receipt, directory, done)
 
 
 def _guarded(what: str, step: Callable[..., _T], *args: Any) -> _T | None:
@@ -63,10 +58,8 @@ def _guarded(what: str, step: Callable[..., _T], *args: Any) -> _T | None:
         return None
 
 
-def _start_receipt(manager: Any, settings: Settings, profiling: bool) -> dict[str, Any]:
-    receipt = _environment(manager, settings, profiling)
-    receipt["_free_before"] = _free_memory()
-    return receipt
+def _start_receipt(manager: Any, state: ManagerState, profiling: bool) -> tuple[ReceiptStart, int | None]:
+    return _environment(manager, state, profiling), _free_memory()
 
 
 def _free_memory() -> int | None:
@@ -76,7 +69,8 @@ def _free_memory() -> int | None:
     return int(torch.cuda.mem_get_info()[0])
 
 
-def _environment(manager: Any, settings: Settings, profiling: bool) -> dict[str, Any]:
+def _environment(manager: Any, state: ManagerState, profiling: bool) -> ReceiptStart:
+    settings = state.settings
     config = manager.vllm_config
     model = getattr(config, "model_config", None)
     try:
@@ -106,20 +100,16 @@ def _environment(manager: Any, settings: Settings, profiling: bool) -> dict[str,
         "requested_policy": settings.order,
         "presize": settings.presize,
         "rank": _rank(),
-        "ranks_agreed": manager.__dict__.get(AGREED_ATTR),
+        "ranks_agreed": state.ranks_agreed,
         "is_last_pp_rank": bool(getattr(manager, "is_last_pp_rank", True)),
         "pid": os.getpid(),
     }
 
 
 def _finish(
-    receipt: dict[str, Any],
-    manager: Any,
-    captured: dict[Any, list[Any]],
-    seconds: float,
-    profiling: bool,
-) -> dict[str, Any]:
-    free_before = receipt.pop("_free_before", None)
+    start: ReceiptStart, free_before: int | None, manager: Any, seconds: float, profiling: bool
+) -> Receipt:
+    captured = manager._capture_descs  # this capture's lists, in the order it ran them
     sequence = capture_sequence(captured)
     limit = getattr(manager, "_max_full_descs_to_capture", None)
     if profiling and limit is not None and "FULL" in sequence:
@@ -127,30 +117,17 @@ def _finish(
     free_after = _free_memory()
     graph_memory = free_before - free_after if free_before is not None and free_after is not None else None
     reserved, active = _pool_bytes(getattr(manager, "pool", None))
-    receipt.update(
-        captured_sequence=sequence,
-        capacity=staging_capacity(captured),
-        staging_bytes=staging_buffer_bytes(manager),
-        capture_seconds=round(seconds, 4),
-        graph_memory_bytes=graph_memory,
-        graph_pool_reserved_bytes=reserved,
-        graph_pool_active_bytes=active,
-        profiling_estimate_bytes=_profiling_estimate(manager, graph_memory) if profiling else None,
-        created_unix=time.time(),
-    )
-    return receipt
-
-
-def staging_buffer_bytes(manager: Any) -> dict[str, dict[str, Any]]:
-    """Rows and bytes of each allocated staging buffer, by name."""
     return {
-        name: {
-            "rows": int(t.shape[0]),
-            "shape": list(t.shape),
-            "dtype": str(t.dtype).removeprefix("torch."),
-            "bytes": staging_bytes(int(t.shape[0]), t.shape[1:], t.element_size()),
-        }
-        for name, t in staging_tensors(manager).items()
+        **start,
+        "captured_sequence": sequence,
+        "capacity": staging_capacity(captured),
+        "staging_bytes": staging_buffer_bytes(manager),
+        "capture_seconds": round(seconds, 4),
+        "graph_memory_bytes": graph_memory,
+        "graph_pool_reserved_bytes": reserved,
+        "graph_pool_active_bytes": active,
+        "profiling_estimate_bytes": _profiling_estimate(manager, graph_memory) if profiling else None,
+        "created_unix": time.time(),
     }
 
 

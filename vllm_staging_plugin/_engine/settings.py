@@ -9,9 +9,8 @@ unknown ``VLLM_*`` variable and, in its hard-fail mode, refuses to start.
 
 from __future__ import annotations
 
-import contextlib
 import os
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -97,24 +96,3 @@ def strict_requested(environ: Mapping[str, str] | None = None) -> bool:
         return parse_bool(ENV_STRICT, os.environ if environ is None else environ)
     except ConfigError:
         return True
-
-
-@contextlib.contextmanager
-def scoped_environ(values: Mapping[str, str | None]) -> Iterator[None]:
-    """Set (a value) or unset (None) variables for a block, then restore them exactly: the CLI replays
-    stock and patched arms in one process by steering the plugin through its own variables."""
-    saved = {key: os.environ.get(key) for key in values}
-    try:
-        for key, value in values.items():
-            _put(key, value)
-        yield
-    finally:
-        for key, old in saved.items():
-            _put(key, old)
-
-
-def _put(key: str, value: str | None) -> None:
-    if value is None:
-        os.environ.pop(key, None)
-    else:
-        os.environ[key] = value

@@ -3,7 +3,8 @@
 ``register()`` runs in every vLLM process (front end, engine core, workers) at plugin-loading time.
 Importing ``cudagraph_utils`` there would pull torch and much of vLLM into processes that never build a
 graph manager, and could resolve the platform re-entrantly. Instead the patch waits for vLLM to import
-the module (``model_runner`` does, before any manager exists) and applies then.
+the module (``model_runner`` does, before any manager exists) and applies then. A hook takes itself off
+``sys.meta_path`` as soon as it has fired, so later imports run no plugin code.
 """
 
 from __future__ import annotations
@@ -22,16 +23,16 @@ Callback = Callable[[ModuleType], None]
 class _CallbackLoader(importlib.abc.Loader):
     """Delegates everything to the real loader and calls back after the module body ran."""
 
-    def __init__(self, inner: importlib.abc.Loader, callback: Callback) -> None:
+    def __init__(self, inner: importlib.abc.Loader, hook: PostImportHook) -> None:
         self._inner = inner
-        self._callback = callback
+        self._hook = hook
 
     def create_module(self, spec: importlib.machinery.ModuleSpec) -> ModuleType | None:
         return self._inner.create_module(spec)
 
     def exec_module(self, module: ModuleType) -> None:
         self._inner.exec_module(module)
-        self._callback(module)
+        self._hook.fire(module)
 
     def __getattr__(self, name: str) -> Any:  # get_source, get_code, ... for inspect/linecache
         return getattr(self._inner, name)
@@ -55,18 +56,37 @@ class PostImportHook(importlib.abc.MetaPathFinder):
             self._resolving = False
         if spec is None or spec.loader is None:
             return None
-        spec.loader = _CallbackLoader(spec.loader, self.callback)
+        spec.loader = _CallbackLoader(spec.loader, self)
         return spec
 
+    def fire(self, module: ModuleType) -> None:
+        """Leave ``sys.meta_path`` first (even if the callback raises), then call back once."""
+        self.remove()
+        self.callback(module)
 
-def when_imported(fullname: str, callback: Callback) -> None:
-    """Call ``callback(module)`` now if ``fullname`` is imported, else right after its import."""
+    def remove(self) -> None:
+        sys.meta_path[:] = [f for f in sys.meta_path if f is not self]
+
+
+def pending(fullname: str) -> PostImportHook | None:
+    """The hook waiting for ``fullname``, if any."""
+    return next((f for f in sys.meta_path if isinstance(f, PostImportHook) and f.fullname == fullname), None)
+
+
+def when_imported(fullname: str, callback: Callback) -> PostImportHook | None:
+    """Call ``callback(module)`` now if ``fullname`` is imported, else right after its import.
+
+    Returns the hook left waiting (None when the callback already ran); one hook per module name.
+    """
     module = sys.modules.get(fullname)
     if module is not None:
         callback(module)
-        return
-    if not any(isinstance(f, PostImportHook) and f.fullname == fullname for f in sys.meta_path):
-        sys.meta_path.insert(0, PostImportHook(fullname, callback))
+        return None
+    hook = pending(fullname)
+    if hook is None:
+        hook = PostImportHook(fullname, callback)
+        sys.meta_path.insert(0, hook)
+    return hook
 
 
 def remove_hooks(fullname: str) -> None:

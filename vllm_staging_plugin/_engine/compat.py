@@ -29,7 +29,6 @@ STAGING_INITIAL: dict[str, Any] = {
     "intermediate_tensors": None,  # absent before 0.19.0: optional
 }
 OPTIONAL_STAGING = frozenset({"intermediate_tensors"})
-SUPPORTED_RANGE = ">=0.18.0,<0.33.1"  # keep in sync with pyproject's [vllm] extra
 # Platforms whose graph manager is vLLM's own class; out-of-tree platforms (vllm-ascend's
 # ModelAclGraphManager subclass, ...) manage their graphs differently. CPU and "unspecified" capture
 # no graphs in production; they are allowed so the real class can be driven in tests and the CLI.

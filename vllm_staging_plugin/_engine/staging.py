@@ -1,0 +1,209 @@
+"""Per-manager staging: the buffers' names, the capacity they must hold, and the capture-time interception.
+
+vLLM's ``store_capture_output`` allocates each staging buffer as ``empty_like`` of the first capture output
+and only ever tests "is it still empty". During one capture the manager is moved into a subclass whose
+:class:`_StagingSlot` set-only descriptors see that first assignment: when the output has fewer rows than
+the capacity (the largest descriptor), a capacity-row tensor of the same dtype, device and trailing shape is
+stored instead; otherwise vLLM's own tensor is kept, byte for byte. A set-only descriptor leaves every read
+a plain instance-dict lookup, and after capture the manager is vLLM's class again.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import torch
+
+from .compat import STAGING_INITIAL
+from .settings import DEFAULT_ORDER, ENV_ORDER, Settings
+from .sizing import Descriptor, staging_capacity
+
+STAGING_ATTRS = tuple(STAGING_INITIAL)
+STATE_ATTR = "_vllm_staging"  # per manager: its ManagerState, in the instance __dict__
+
+
+class Manager(Protocol):
+    """What the plugin reads of a ``ModelCudaGraphManager`` (every supported release has it)."""
+
+    _capture_descs: Mapping[Any, Sequence[Descriptor]]
+
+
+@dataclass
+class ManagerState:
+    """The plugin's one attribute on a manager: its settings and, while pre-sizing, the capacity."""
+
+    settings: Settings
+    capacity: int | None  # rows; None when pre-sizing is off
+    ranks_agreed: int | None = None  # ranks whose capture plan matched (None: not checked)
+
+
+class StagingError(RuntimeError):
+    """The plugin cannot keep the staging buffers correct and says why (never a silent cast)."""
+
+
+def state_of(manager: object) -> ManagerState | None:
+    state = vars(manager).get(STATE_ATTR)
+    return state if isinstance(state, ManagerState) else None
+
+
+def staging_tensors(manager: object) -> dict[str, torch.Tensor]:
+    """The allocated staging tensors by display name (aux and intermediate ones indexed)."""
+    state = vars(manager)
+    found: dict[str, torch.Tensor] = {}
+    if isinstance(state.get("hidden_states"), torch.Tensor):
+        found["hidden_states"] = state["hidden_states"]
+    for i, aux in enumerate(state.get("aux_hidden_states") or []):
+        found[f"aux_hidden_states[{i}]"] = aux
+    for key, tensor in (getattr(state.get("intermediate_tensors"), "tensors", None) or {}).items():
+        found[f"intermediate_tensors[{key}]"] = tensor
+    return found
+
+
+def staging_buffer_bytes(manager: object) -> dict[str, dict[str, Any]]:
+    """Rows, shape, dtype and bytes of each allocated staging buffer, by name (receipts, replays)."""
+    from .sizing import staging_bytes
+
+    return {
+        name: {
+            "rows": int(t.shape[0]),
+            "shape": list(t.shape),
+            "dtype": str(t.dtype).removeprefix("torch."),
+            "bytes": staging_bytes(int(t.shape[0]), t.shape[1:], t.element_size()),
+        }
+        for name, t in staging_tensors(manager).items()
+    }
+
+
+def held_rows(manager: object) -> int | None:
+    """Rows of the smallest allocated staging buffer (None before the first capture output)."""
+    return min((int(t.shape[0]) for t in staging_tensors(manager).values()), default=None)
+
+
+def ensure_capacity(manager: Manager, state: ManagerState) -> None:
+    """Re-read the descriptors; grow buffers that are too small while that is still safe."""
+    capacity = staging_capacity(manager._capture_descs)
+    state.capacity = capacity
+    rows = held_rows(manager)
+    if rows is None or rows >= capacity:
+        return
+    if getattr(manager, "graphs", None):
+        raise StagingError(
+            f"a capture descriptor of {capacity} tokens was added after CUDA graphs recorded the "
+            f"address of the {rows}-row staging buffers; replacing them would corrupt those graphs. "
+            "Register all descriptors before the first capture (vLLM rebuilds the manager when it "
+            "re-initialises the KV cache)."
+        )
+    own = vars(manager)
+    for name, initial in STAGING_INITIAL.items():
+        if name in own:
+            own[name] = copy.copy(initial)  # re-allocated lazily at the new capacity
+
+
+def presized(value: Any, capacity: int) -> Any:
+    """``value`` with every staging tensor grown to ``capacity`` rows (same dtype/device/trailing)."""
+    if isinstance(value, torch.Tensor):
+        if value.dim() == 0 or value.shape[0] >= capacity:
+            return value
+        return value.new_empty((capacity, *value.shape[1:]))
+    if isinstance(value, list):
+        return [presized(v, capacity) for v in value]
+    tensors = getattr(value, "tensors", None)
+    if isinstance(tensors, dict):  # IntermediateTensors (non-last pipeline rank)
+        grown = copy.copy(value)
+        grown.tensors = {k: presized(v, capacity) for k, v in tensors.items()}
+        return grown
+    return value
+
+
+def allocation_failure(settings: Settings, name: str, value: Any, capacity: int, exc: BaseException) -> str:
+    """The start-up error when the capacity-row buffer cannot be allocated, with what to change."""
+    rows = rows_of(value)
+    if settings.order != DEFAULT_ORDER:
+        advice = (
+            f"{ENV_ORDER}={settings.order} captures a {rows}-row descriptor first; with "
+            f"{ENV_ORDER}={DEFAULT_ORDER} vLLM's own first output usually has capacity rows and needs no "
+            "second allocation, or free GPU memory (lower gpu_memory_utilization)"
+        )
+    else:
+        advice = (
+            "vLLM's own order starts with a smaller descriptor here (see docs/stock-crashes.md), so stock "
+            "vLLM would crash at the staging copy too; free GPU memory (lower gpu_memory_utilization)"
+        )
+    return (
+        f"vllm-staging-plugin: allocating {name} with {capacity} rows failed ({type(exc).__name__}: "
+        f"{exc}); vLLM's own buffer has {rows} rows and a later descriptor of this capture needs "
+        f"{capacity}, so the capture cannot go on. {advice}."
+    )
+
+
+def rows_of(value: Any) -> int | None:
+    """Rows of a staging value (tensor, list of tensors, IntermediateTensors); the smallest for many."""
+    if isinstance(value, torch.Tensor):
+        return int(value.shape[0]) if value.dim() else None
+    if isinstance(value, list):
+        return min((r for r in map(rows_of, value) if r is not None), default=None)
+    tensors = getattr(value, "tensors", None)
+    return rows_of(list(tensors.values())) if isinstance(tensors, dict) else None
+
+
+def _is_empty(value: Any) -> bool:
+    return value is None or (isinstance(value, list) and not value)
+
+
+class _StagingSlot:
+    """Set-only data descriptor for one staging attribute; the value lives in the instance ``__dict__``.
+
+    No ``__get__``: reads never run plugin code (CPython finds no getter and falls through to the
+    instance dict), only vLLM's assignments do, a handful per capture.
+    """
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def __set__(self, obj: Any, value: Any) -> None:
+        own = obj.__dict__
+        state = own.get(STATE_ATTR)
+        capacity = state.capacity if isinstance(state, ManagerState) else None
+        if capacity and _is_empty(own.get(self.name)):
+            rows = rows_of(value)
+            if rows is not None and rows < capacity:  # vLLM's first output is short: grow it
+                value = self._allocate(state, value, capacity)
+        own[self.name] = value
+
+    def _allocate(self, state: ManagerState, value: Any, capacity: int) -> Any:
+        try:
+            return presized(value, capacity)
+        except Exception as exc:
+            # Only reached when vLLM's first output has fewer rows than a later descriptor needs: going
+            # on with vLLM's buffer would crash at that descriptor's staging copy, whatever the order.
+            raise StagingError(allocation_failure(state.settings, self.name, value, capacity, exc)) from exc
+
+
+def capture_view(cls: type, names: Sequence[str]) -> type:
+    """``cls`` plus a slot for each staging attribute in ``names``; same name and module, nothing else.
+
+    Only attributes the manager holds get a slot: a set-only descriptor answers a read of a missing
+    attribute with itself (``intermediate_tensors`` does not exist before vLLM 0.19.0).
+    """
+    slots: dict[str, Any] = {name: _StagingSlot(name) for name in names}
+    slots.update(__module__=cls.__module__, __qualname__=cls.__qualname__)
+    return type(cls.__name__, (cls,), slots)
+
+
+@contextmanager
+def intercepting(manager: Any, view: type) -> Iterator[None]:
+    """During one capture, route the staging attributes through ``view``'s slots.
+
+    Swapping ``__class__`` (not putting descriptors on vLLM's class) keeps every access outside capture,
+    in particular ``run_fullgraph`` at each FULL graph replay, free of plugin code.
+    """
+    cls = type(manager)
+    manager.__class__ = view
+    try:
+        yield
+    finally:
+        manager.__class__ = cls

@@ -1,0 +1,152 @@
+"""``vllm-staging-plugin check -- <vllm serve arguments>``: would this configuration boot, stock and patched?
+
+The arguments go through vLLM's own ``vllm serve`` parser and ``AsyncEngineArgs.create_engine_config``
+(:mod:`.configure`), so the ``VllmConfig`` is vLLM's; on a machine without a GPU its CUDA platform is
+emulated for device queries only (:mod:`.platform`). The real ``ModelCudaGraphManager`` is then built
+from it, the way Model Runner V2's ``initialize_kv_cache`` builds it, and its real ``capture()`` staging
+code runs on CPU tensors (:mod:`.replay`): stock in vLLM's own order, then with the plugin patched in the
+chosen order. Nothing is captured and no GPU memory is touched. :mod:`.render` prints the result.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import sys
+from collections.abc import Iterator, Sequence
+
+from ... import __version__
+from ..._engine.settings import ENV_ORDER, ConfigError, Settings
+from .configure import (
+    BadArguments,
+    CannotCheckHere,
+    create_engine_config,
+    manager_inputs,
+    parse_serve_arguments,
+)
+from .platform import GPUS, Gpu, platform_for_check, platform_json
+from .render import render
+from .replay import plugin_environment, replay_arm
+from .result import Preflight
+
+__all__ = ["EXIT_BAD_ARGUMENTS", "EXIT_BOOTS", "EXIT_CANNOT_CHECK_HERE", "EXIT_FAILS", "GPUS", "main", "run"]
+EXIT_BOOTS, EXIT_FAILS, EXIT_BAD_ARGUMENTS, EXIT_CANNOT_CHECK_HERE = 0, 1, 2, 3
+
+
+@contextlib.contextmanager
+def _environment_kept() -> Iterator[None]:
+    """Undo what building the config writes to ``os.environ`` (vLLM sets VLLM_USE_BREAKABLE_CUDAGRAPH)."""
+    saved = dict(os.environ)
+    try:
+        yield
+    finally:
+        for key in set(os.environ) - set(saved):
+            del os.environ[key]
+        os.environ.update(saved)
+
+
+@contextlib.contextmanager
+def _logs_to_stderr() -> Iterator[None]:
+    """Keep stdout for the report (one JSON object with --json): vLLM logs to stdout by default."""
+    import logging
+
+    moved = [h for h in logging.getLogger("vllm").handlers
+             if isinstance(h, logging.StreamHandler) and h.stream is sys.stdout]  # fmt: skip
+    for handler in moved:
+        handler.setStream(sys.stderr)
+    try:
+        with contextlib.redirect_stdout(sys.stderr):  # handlers vLLM configures meanwhile bind stderr
+            yield
+    finally:
+        for handler in moved:
+            handler.setStream(sys.stdout)
+
+
+def run(argv: Sequence[str], order: str = "descending", gpu: Gpu = GPUS["h200"]) -> Preflight:
+    """Parse, configure, build the manager and replay both arms. Raises BadArguments / CannotCheckHere."""
+    from ..._engine import compat
+    from ..._engine.policies import validate_order
+    from ..cpu_replay import cudagraph_module
+
+    try:
+        validate_order(Settings(order=order))
+    except ConfigError as exc:
+        raise BadArguments(f"--order: {exc}") from None
+    versions = compat.installed_versions()
+    if versions["vllm"] is None:
+        raise CannotCheckHere("vLLM is not installed in this environment")
+    with _environment_kept(), platform_for_check(gpu) as (platform, emulated):
+        # the parser's defaults build a DeviceConfig too, so it runs on the check's platform
+        args = parse_serve_arguments(argv)
+        vllm_config = create_engine_config(args)
+        if not vllm_config.use_v2_model_runner:
+            raise CannotCheckHere(
+                "vLLM picks Model Runner V1 for this configuration: it has no ModelCudaGraphManager, so "
+                "neither the plugin nor this check applies"
+            )
+        try:
+            compat.manager_class(cudagraph_module())
+        except compat.IncompatibleVllm as exc:
+            raise CannotCheckHere(f"this vLLM has no supported manager: {exc}") from exc
+        inputs = manager_inputs(vllm_config)
+        stock, plan = replay_arm(vllm_config, inputs, patched=False)
+        with plugin_environment(order):
+            plugin, _ = replay_arm(vllm_config, inputs, patched=True)
+    model_config = vllm_config.model_config
+    parallel = vllm_config.parallel_config
+    notes = list(inputs.notes)
+    if not any(plan.values()):
+        notes.append("no CUDA graph is captured (cudagraph mode NONE or no sizes): no staging buffer exists")
+    if parallel.pipeline_parallel_size > 1:
+        notes.append("replayed as the last pipeline rank (hidden_states); other ranks stage "
+                     "intermediate_tensors with the same rows")  # fmt: skip
+    compilation = vllm_config.compilation_config
+    return Preflight(
+        vllm_version=versions["vllm"],
+        torch_version=versions["torch"],
+        platform=platform_json(platform, emulated, gpu),
+        model=str(model_config.model),
+        architecture=getattr(model_config, "architecture", None),
+        cudagraph_mode=inputs.cudagraph_mode,
+        capture_sizes=sorted(compilation.cudagraph_capture_sizes or []),
+        max_num_seqs=int(vllm_config.scheduler_config.max_num_seqs),
+        decode_query_len=inputs.decode_query_len,
+        use_kda_recoverssm=bool(getattr(vllm_config.cache_config, "use_kda_recoverssm", False)),
+        hidden_size=inputs.hidden_size,
+        dtype=str(inputs.dtype).removeprefix("torch."),
+        capacity=max((n for tokens in plan.values() for n in tokens), default=0),
+        sequence=plan,
+        stock=stock,
+        plugin=plugin,
+        order=order,
+        notes=notes,
+    )
+
+
+def main(serve_argv: Sequence[str], order: str | None, as_json: bool, gpu_name: str = "h200") -> int:
+    """Run the pre-flight and print it; the exit code says whether the plugin boots the configuration."""
+    order = order or os.environ.get(ENV_ORDER, "").strip() or "descending"
+    try:
+        with _logs_to_stderr():
+            result = run(serve_argv, order, GPUS[gpu_name])
+    except BadArguments as exc:
+        return _fail(EXIT_BAD_ARGUMENTS, "bad arguments", str(exc), as_json)
+    except CannotCheckHere as exc:
+        return _fail(EXIT_CANNOT_CHECK_HERE, "cannot check on this machine", str(exc), as_json)
+    code = EXIT_BOOTS if result.plugin_boots else EXIT_FAILS
+    if as_json:
+        print(json.dumps({**result.to_json(), "exit_code": code}, indent=1))
+    else:
+        print(render(result))
+    return code
+
+
+def _fail(code: int, what: str, message: str, as_json: bool) -> int:
+    if as_json:
+        print(
+            json.dumps({"plugin_version": __version__, "exit_code": code, "error": what, "message": message})
+        )
+    else:
+        print(f"vllm-staging-plugin check: {what}:\n{message}", file=sys.stderr)
+    return code

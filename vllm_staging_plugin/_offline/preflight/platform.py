@@ -1,0 +1,193 @@
+"""The pre-flight's platform: vLLM's own ``CudaPlatform`` class, device queries answered for a declared GPU.
+
+On a machine without a GPU, ``create_engine_config`` would resolve vLLM's "unspecified" platform, whose
+empty device type it cannot build a config for, and vLLM's CUDA platform module does not import (its native
+op library needs ``libcuda``). :func:`platform_for_check` therefore runs vLLM's ``CudaPlatform`` with only
+its device queries answered; docs/preflight.md says exactly what is emulated and what is not.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+import types
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from ..text import MIB
+
+
+@dataclass(frozen=True)
+class Gpu:
+    """What the emulated CUDA platform answers for ``torch.cuda``'s device queries."""
+
+    name: str
+    capability: tuple[int, int]
+    memory_bytes: int
+
+    def describe(self) -> str:
+        major, minor = self.capability
+        return f"{self.name}, sm_{major}{minor}, {self.memory_bytes / 1024**3:.1f} GiB"
+
+
+# Values as torch.cuda reports them on these parts. vLLM reads the memory and name to pick its default
+# max_num_seqs / max_num_batched_tokens, and the capability for dtype and kernel defaults.
+GPUS = {
+    "h200": Gpu("NVIDIA H200", (9, 0), 143771 * MIB),
+    "h100": Gpu("NVIDIA H100 80GB HBM3", (9, 0), 81559 * MIB),
+    "a100": Gpu("NVIDIA A100-SXM4-80GB", (8, 0), 81920 * MIB),
+    "l40s": Gpu("NVIDIA L40S", (8, 9), 46068 * MIB),
+    "b200": Gpu("NVIDIA B200", (10, 0), 183359 * MIB),
+}
+
+
+def _native_op_modules() -> tuple[str, ...]:
+    """The modules ``vllm/platforms/cuda.py`` imports only to register CUDA kernels (they need libcuda)."""
+    return ("vllm._C_stable_libtorch", "vllm._qutlass_C")
+
+
+def _cuda_platform_class() -> type:
+    """vLLM's ``CudaPlatform`` class, importing its kernel libraries as empty modules if they cannot load."""
+    saved = {name: sys.modules.get(name) for name in (*_native_op_modules(), "vllm.platforms.cuda")}
+    try:
+        import vllm.platforms.cuda as cuda
+
+        return cuda.NonNvmlCudaPlatform  # type: ignore[no-any-return]
+    except ImportError:
+        pass
+    for name in _native_op_modules():
+        sys.modules[name] = types.ModuleType(name)  # registers no ops; config building calls none
+    try:
+        sys.modules.pop("vllm.platforms.cuda", None)
+        import vllm.platforms.cuda as cuda
+
+        return cuda.NonNvmlCudaPlatform  # type: ignore[no-any-return]
+    finally:  # leave the process as it was: later imports of these modules fail as before
+        import vllm.platforms
+
+        for name, module in saved.items():
+            if module is None:
+                sys.modules.pop(name, None)
+            else:
+                sys.modules[name] = module
+        if saved["vllm.platforms.cuda"] is None and "cuda" in vars(vllm.platforms):
+            delattr(vllm.platforms, "cuda")
+
+
+def emulated_platform(gpu: Gpu) -> Any:
+    """An instance of vLLM's ``CudaPlatform`` whose device queries answer for ``gpu`` (no CUDA calls)."""
+    from vllm.platforms.interface import DeviceCapability
+
+    base = _cuda_platform_class()
+
+    class EmulatedCudaPlatform(base):  # type: ignore[valid-type, misc]
+        """vLLM's CUDA platform; only the queries that would need a device are answered from ``gpu``."""
+
+        emulated_gpu = gpu
+
+        @classmethod
+        def get_device_capability(cls, device_id: int = 0) -> Any:
+            return DeviceCapability(*gpu.capability)
+
+        @classmethod
+        def get_device_name(cls, device_id: int = 0) -> str:
+            return gpu.name
+
+        @classmethod
+        def get_device_total_memory(cls, device_id: int = 0) -> int:
+            return gpu.memory_bytes
+
+        @classmethod
+        def is_fully_connected(cls, physical_device_ids: list[int]) -> bool:
+            return True
+
+        @classmethod
+        def import_kernels(cls) -> None:  # the kernel libraries need libcuda; config building uses none
+            return None
+
+    return EmulatedCudaPlatform()
+
+
+def _machine_platform() -> Any:
+    from vllm.platforms import current_platform
+
+    return current_platform
+
+
+def _needs_emulation(platform: Any) -> bool:
+    """A GPU host's CUDA or ROCm platform is used as is; CPU-only machines resolve "unspecified" or "cpu"."""
+    return not (platform.is_cuda_alike())
+
+
+def _preimport() -> None:
+    """Import, under the machine's own platform, the vLLM modules the check uses.
+
+    Many vLLM modules branch on the platform when first imported (CUDA-only kernels); importing them
+    while the CUDA platform is emulated would load CUDA extensions this machine does not have.
+    """
+    # Imported for their side effect (module state built under the machine's platform).
+    import vllm.config.vllm
+    import vllm.distributed.ec_transfer
+    import vllm.engine.arg_utils
+    import vllm.entrypoints.common.cli_args
+    import vllm.model_executor.model_loader.weight_utils
+    import vllm.model_executor.models.config
+    import vllm.model_executor.models.registry
+    import vllm.v1.executor.uniproc_executor
+    import vllm.v1.worker.gpu.cudagraph_utils
+    import vllm.v1.worker.gpu.lora_utils
+    import vllm.v1.worker.gpu.spec_decode.eagle.eagle3_utils  # noqa: F401
+
+
+@contextlib.contextmanager
+def platform_for_check(gpu: Gpu) -> Iterator[tuple[Any, bool]]:
+    """Yield ``(platform, emulated)``: the machine's CUDA/ROCm platform, or the emulated CUDA one.
+
+    vLLM modules bind ``current_platform`` when imported; while emulating, every loaded ``vllm.*``
+    module's binding (and ``vllm.platforms``' own) points at the emulated platform, and is put back after.
+    ``vllm.config.vllm.HAS_TRITON`` reads True as on a CUDA host (vLLM's CUDA wheels require Triton), so
+    vLLM picks the model runner it would pick there.
+    """
+    import vllm.platforms
+
+    machine = _machine_platform()
+    if not _needs_emulation(machine):
+        yield machine, False
+        return
+    _preimport()
+    emulated = emulated_platform(gpu)
+    import vllm.config.vllm as config_module
+
+    had_triton = config_module.HAS_TRITON
+    vllm.platforms.current_platform = emulated
+    config_module.HAS_TRITON = True
+    try:
+        for module in list(sys.modules.values()):
+            if _binds(module, machine):
+                setattr(module, "current_platform", emulated)  # noqa: B010
+        yield emulated, True
+    finally:
+        vllm.platforms.current_platform = machine
+        config_module.HAS_TRITON = had_triton
+        for module in list(sys.modules.values()):  # also modules first imported during the check
+            if _binds(module, emulated):
+                setattr(module, "current_platform", machine)  # noqa: B010
+
+
+def _binds(module: Any, platform: Any) -> bool:
+    name = getattr(module, "__name__", "")
+    return (
+        isinstance(name, str)
+        and name.startswith("vllm.")
+        and name != "vllm.platforms"
+        and vars(module).get("current_platform") is platform
+    )
+
+
+def platform_json(platform: Any, emulated: bool, gpu: Gpu) -> dict[str, Any]:
+    if emulated:
+        return {"name": "cuda", "emulated": True, "gpu": gpu.name, "capability": list(gpu.capability),
+                "memory_bytes": gpu.memory_bytes}  # fmt: skip
+    return {"name": str(platform.device_name), "emulated": False, "gpu": platform.get_device_name(),
+            "capability": None, "memory_bytes": platform.get_device_total_memory()}  # fmt: skip

@@ -1,0 +1,54 @@
+"""The pre-flight's text report."""
+
+from __future__ import annotations
+
+from ... import __version__
+from ..text import describe_buffers, shorten
+from .result import Preflight
+
+
+def render(result: Preflight) -> str:
+    """The human-readable report."""
+    p = result.platform
+    platform = f"{p['name']} ({p['gpu']})"
+    if p["emulated"]:
+        major, minor = p["capability"]
+        platform = (f"emulated CUDA: vLLM's CudaPlatform, device queries answered for {p['gpu']}, "
+                    f"sm_{major}{minor}, {p['memory_bytes'] / 1024**3:.1f} GiB (no GPU here)")  # fmt: skip
+    lines = [
+        f"vllm-staging-plugin {__version__} pre-flight: vllm {result.vllm_version or 'not installed'}, "
+        f"torch {result.torch_version or 'not installed'}",
+        f"platform: {platform}",
+        f"model: {result.model} ({result.architecture}), hidden {result.hidden_size} {result.dtype}",
+        f"config: {result.cudagraph_mode}, capture sizes {shorten(result.capture_sizes)}, max_num_seqs "
+        f"{result.max_num_seqs}, decode_query_len {result.decode_query_len}"
+        + (", KDA recover-SSM on" if result.use_kda_recoverssm else ""),
+        "",
+        "capture plan (vLLM's own order):",
+    ]
+    for mode, tokens in result.sequence.items():
+        lines.append(f"  {mode:<10} {len(tokens):>3} descriptors, num_tokens {shorten(tokens)}")
+    lines.append(f"  capacity   {result.capacity} rows")
+    lines.append(
+        f"  staging    {describe_buffers(result.plugin.buffers)} (total {result.staging_bytes} bytes)"
+    )
+    lines.append("")
+    stock = result.stock
+    if stock.ok:
+        lines.append(f"stock vLLM: boots ({describe_buffers(stock.buffers)})")
+    else:
+        lines.append("stock vLLM: crashes at capture")
+        lines.append(f"  allocated by  {stock.allocated_by}")
+        lines.append(f"  did not fit   {stock.failed_at}")
+        lines.append(f"  vLLM's error  {stock.error}")
+    if result.plugin_boots:
+        same = result.identical_to_stock
+        extra = "; buffers identical to stock" if same else ""
+        lines.append(f"with the plugin (order {result.order}): boots, {result.capacity}-row buffers{extra}")
+    else:
+        why = result.plugin.error or f"buffers hold fewer than {result.capacity} rows"
+        lines.append(f"with the plugin (order {result.order}): does NOT boot: {why}")
+    if result.notes:
+        lines.append("")
+        lines.extend(f"note: {note}" for note in result.notes)
+    return "\n".join(lines)

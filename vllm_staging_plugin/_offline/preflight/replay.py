@@ -1,0 +1,109 @@
+"""The pre-flight's replays: build the real manager from vLLM's config and run its capture on CPU, stock in
+vLLM's own order and patched in the chosen order."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import Any
+
+from ..._engine.settings import ENV_DISABLE, ENV_ORDER, ENV_PRESIZE, ENV_RECEIPTS_DIR, ENV_STRICT
+from .. import cpu_replay
+from .configure import ManagerInputs
+from .result import Arm
+
+
+def _describe(mode: Any, desc: Any) -> str:
+    parts = [f"{getattr(mode, 'name', mode)} num_tokens={desc.num_tokens}"]
+    if getattr(desc, "uniform_token_count", None):
+        parts.append(f"uniform decode {desc.num_reqs} x {desc.uniform_token_count}")
+    if getattr(desc, "num_active_loras", 0):
+        parts.append(f"{desc.num_active_loras} LoRAs")
+    if getattr(desc, "num_ubatches", 1) > 1:
+        parts.append(f"{desc.num_ubatches} micro-batches")
+    return parts[0] + (f" ({', '.join(parts[1:])})" if len(parts) > 1 else "")
+
+
+@contextlib.contextmanager
+def plugin_environment(order: str) -> Iterator[None]:
+    """The plugin's variables for the patched arm: the chosen order, pre-sizing on, strict, no receipts.
+
+    Strict, so a plugin that would refuse this vLLM raises instead of silently leaving it stock.
+    """
+    values: dict[str, str | None] = {
+        ENV_ORDER: order,
+        ENV_PRESIZE: "on",
+        ENV_STRICT: "1",
+        ENV_DISABLE: "0",
+        ENV_RECEIPTS_DIR: None,
+    }
+    with cpu_replay.scoped_environ(values):
+        yield
+
+
+def replay_arm(vllm_config: Any, inputs: ManagerInputs, patched: bool) -> tuple[Arm, dict[str, list[int]]]:
+    """One real capture() of a manager built from ``vllm_config``; returns the arm and vLLM's plan."""
+    import torch
+
+    from ..._engine.sizing import CAPTURE_MODE_ORDER, capture_sequence
+
+    cfg = cpu_replay.ReplayConfig(
+        mode=inputs.cudagraph_mode,
+        sizes=list(vllm_config.compilation_config.cudagraph_capture_sizes or []),
+        max_num_seqs=int(vllm_config.scheduler_config.max_num_seqs),
+        decode_query_len=inputs.decode_query_len,
+        hidden_size=inputs.hidden_size,
+        dtype=inputs.dtype,
+        aux_layers=inputs.aux_layers,
+        lora_capture_cases=inputs.lora_capture_cases,
+    )
+    kwargs: dict[str, Any] = {}
+    if inputs.dbo:  # vLLM's own _maybe_ubatch_twin adds the micro-batch twins; the runner is a stand-in
+        cfg.dbo = True
+        kwargs["ubatch_runner"] = cpu_replay._FakeUbatchRunner()
+    from vllm.config.compilation import CUDAGraphMode
+
+    with cpu_replay.cpu_stubs(cfg) as cu, cpu_replay.stock_or_patched(patched):
+        manager = cu.ModelCudaGraphManager(
+            vllm_config,
+            torch.device("cpu"),
+            CUDAGraphMode[inputs.cudagraph_mode],
+            decode_query_len=inputs.decode_query_len,
+            lora_capture_cases=inputs.lora_capture_cases,
+            varlen_decode=inputs.varlen_decode,
+            **kwargs,
+        )
+        by_name = {getattr(mode, "name", str(mode)): mode for mode in manager._capture_descs}
+        flat = [(by_name[name], d) for name in CAPTURE_MODE_ORDER if name in by_name
+                for d in manager._capture_descs[by_name[name]]]  # fmt: skip
+        plan = capture_sequence(manager._capture_descs)  # vLLM's own order, before any policy
+        result = cpu_replay.run_capture(manager, cfg)
+    ran = _ran(result.forwards, flat)
+    arm = Arm(ok=result.ok, error=result.error, sequence=_by_mode(ran), buffers=result.buffers)
+    if ran:
+        arm.allocated_by = _describe(*ran[0])  # store_capture_output allocates from the first output
+        if not result.ok:
+            arm.failed_at = _describe(*ran[-1])  # the descriptor whose forward raised
+    return arm, plan
+
+
+def _ran(forwards: list[int], flat: list[tuple[Any, Any]]) -> list[tuple[Any, Any]]:
+    """The descriptors in the order the capture ran them (an order policy permutes within each mode).
+
+    Each descriptor runs two forwards (warm-up, capture); the k-th descriptor of a mode is matched by
+    its ``num_tokens`` among that mode's descriptors not yet taken.
+    """
+    ran: list[tuple[Any, Any]] = []
+    left = list(flat)
+    for n in forwards[::2]:
+        mode = left[0][0]  # modes are captured one after the other, PIECEWISE first
+        match = next((i for i, (m, d) in enumerate(left) if m is mode and d.num_tokens == n), 0)
+        ran.append(left.pop(match))
+    return ran
+
+
+def _by_mode(ran: list[tuple[Any, Any]]) -> dict[str, list[int]]:
+    captured: dict[str, list[int]] = {}
+    for mode, desc in ran:
+        captured.setdefault(str(getattr(mode, "name", mode)), []).append(int(desc.num_tokens))
+    return captured

@@ -1,0 +1,24 @@
+"""How the operator's tools print numbers: one place for MiB, shortened token lists and buffer lines."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+MIB = 1024 * 1024
+
+
+def shorten(values: Sequence[int], keep: int = 5) -> str:
+    """``1, 2, 4`` in full up to ``2 * keep + 2`` values, else the first and last ``keep`` around ``...``."""
+    if len(values) <= 2 * keep + 2:
+        return ", ".join(map(str, values))
+    return ", ".join(map(str, values[:keep])) + ", ..., " + ", ".join(map(str, values[-keep:]))
+
+
+def describe_buffers(buffers: Mapping[str, Mapping[str, Any]]) -> str:
+    """``hidden_states [512, 4096] bfloat16 = 4.00 MiB; ...`` (``none allocated`` when empty)."""
+    if not buffers:
+        return "none allocated"
+    return "; ".join(
+        f"{name} {b['shape']} {b['dtype']} = {b['bytes'] / MIB:.2f} MiB" for name, b in buffers.items()
+    )
