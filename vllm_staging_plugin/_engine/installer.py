@@ -79,10 +79,7 @@ class Installer:
         hook = pending(V1_RUNNER_MODULE)
         if hook is not None:
             hook.remove()
-        from .runner_guard import guarded_class
-
-        cls = guarded_class()
-        if cls is not None:
+        for cls in [c for c in self.classes if c.__module__ == V1_RUNNER_MODULE]:
             self.unwrap(cls)
 
     def model_runner_v1_chosen(self) -> None:

@@ -1,0 +1,234 @@
+"""The engine part does only what the operator asked, proven in fresh processes over the real vLLM class.
+
+Two ranks (a real gloo group whose store records every call) register the plugin the way vLLM does, let
+vLLM's ``cudagraph_utils`` import apply the patch, and capture on CPU with no ``STAGING_PLUGIN_*`` variable
+set. Recorded there: which of the plugin's modules (and pluggy) are loaded, which hooks sit on
+``sys.meta_path``, every store call and every plugin frame during the capture, and the plugin frames of a
+graph replay and of an unrelated import afterwards. A second capture under ``ascending`` is the control
+arm: it shows that the same instruments do see the plugin when it has something to do.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import os
+import socket
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import vllm_staging_plugin
+
+ENGINE_DIR = Path(vllm_staging_plugin.__file__).parent / "_engine"
+
+RANK = """
+import json, os, sys, tempfile
+from datetime import timedelta
+from types import SimpleNamespace
+import torch.distributed as dist
+
+PACKAGE = os.path.dirname(__import__("vllm_staging_plugin").__file__)
+ENGINE = os.path.join(PACKAGE, "_engine")
+rank = int(os.environ["RANK"])
+
+class Recording(dist.Store):
+    def __init__(self, inner):
+        super().__init__()
+        self.inner, self.calls = inner, []
+    def set(self, key, value):
+        self.calls.append(("set", key)); return self.inner.set(key, value)
+    def get(self, key):
+        self.calls.append(("get", key)); return self.inner.get(key)
+    def add(self, key, value):
+        self.calls.append(("add", key)); return self.inner.add(key, value)
+    def check(self, keys):
+        self.calls.append(("check", keys)); return self.inner.check(keys)
+    def wait(self, keys, timeout=None):
+        self.calls.append(("wait", keys))
+        return self.inner.wait(keys) if timeout is None else self.inner.wait(keys, timeout)
+    def compare_set(self, key, expected, desired):
+        self.calls.append(("compare_set", key)); return self.inner.compare_set(key, expected, desired)
+    def delete_key(self, key):
+        self.calls.append(("delete_key", key)); return self.inner.delete_key(key)
+    def num_keys(self):
+        return self.inner.num_keys()
+    def set_timeout(self, timeout):
+        return self.inner.set_timeout(timeout)
+
+store = Recording(dist.FileStore(os.environ["STORE"], 2))
+dist.init_process_group("gloo", store=store, rank=rank, world_size=2, timeout=timedelta(seconds=120))
+dist.barrier()
+
+from vllm.plugins import load_general_plugins
+load_general_plugins()  # what every vLLM process does: calls register() through the entry point
+import vllm.v1.worker.gpu.cudagraph_utils as cu  # what model_runner imports: the patch applies here
+
+def plugin_modules():
+    return sorted(m for m in sys.modules if m.startswith("vllm_staging_plugin") or m == "pluggy")
+
+def hooks():
+    return [type(f).__name__ for f in sys.meta_path if type(f).__module__.startswith("vllm_staging_plugin")]
+
+out = {"after_register": plugin_modules(), "hooks_after_register": hooks()}
+from vllm_staging_plugin._engine import staging
+from vllm_staging_plugin._offline import cpu_replay  # the test's driver, imported only now
+
+def engine_frames(action):
+    seen = []
+    def profiler(frame, event, arg):
+        if event == "call" and frame.f_code.co_filename.startswith(ENGINE):
+            seen.append(frame.f_code.co_name)
+    sys.setprofile(profiler)
+    try:
+        action()
+    finally:
+        sys.setprofile(None)
+    return seen
+
+def capture(sizes):
+    cfg = cpu_replay.ReplayConfig(sizes=sizes, max_num_seqs=max(sizes), hidden_size=64,
+                                  tensor_parallel_size=2)
+    with cpu_replay.cpu_stubs(cfg):
+        manager = cpu_replay.build_manager(cfg)
+        dist.barrier()
+        store.calls.clear()
+        results = []
+        before = set(sys.modules)
+        frames = engine_frames(lambda: results.append(cpu_replay.run_capture(manager, cfg)))
+        new = sorted(m for m in set(sys.modules) - before
+                     if m.startswith("vllm_staging_plugin") or m == "pluggy")
+        calls = list(store.calls)
+    result = results[0]
+    return manager, {"ok": result.ok, "error": result.error, "frames": frames, "store_calls": calls,
+                     "new_modules": new, "rows": {k: b["rows"] for k, b in result.buffers.items()},
+                     "class_is_vllms": type(manager) is cu.ModelCudaGraphManager}
+
+workdir = tempfile.mkdtemp()
+os.chdir(workdir)
+out["first"] = capture((1, 2))[1]  # the first capture of a process also builds the look-alike class
+manager, out["default"] = capture(cpu_replay.DEFAULT_SIZES)
+out["small"] = capture((1, 2, 4, 8))[1]
+out["default"]["modules"] = plugin_modules()
+out["hooks_after_capture"] = hooks()
+
+full = next(m for m in manager._capture_descs if m.name == "FULL")
+desc = manager._capture_descs[full][0]
+manager.graphs[desc] = SimpleNamespace(replay=lambda: None)
+out["replay_frames"] = engine_frames(lambda: manager.run_fullgraph(desc))
+sys.modules.pop("wave", None)
+out["import_frames"] = engine_frames(lambda: __import__("wave"))
+out["files_written"] = os.listdir(workdir)
+
+os.environ["STAGING_PLUGIN_ORDER"] = "ascending"  # the control arm: the same instruments, an order set
+_, out["ascending"] = capture(cpu_replay.DEFAULT_SIZES)
+out["ascending"]["modules"] = plugin_modules()
+dist.barrier()
+print("RESULT:" + json.dumps(out))
+"""
+
+DEFAULT_LOADED = [
+    "vllm_staging_plugin",
+    "vllm_staging_plugin._engine",
+    "vllm_staging_plugin._engine.compat",
+    "vllm_staging_plugin._engine.import_hook",
+    "vllm_staging_plugin._engine.installer",
+    "vllm_staging_plugin._engine.patch",
+    "vllm_staging_plugin._engine.settings",
+    "vllm_staging_plugin._engine.sizing",
+    "vllm_staging_plugin._engine.staging",
+]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture(scope="module")
+def ranks(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
+    pytest.importorskip("vllm.v1.worker.gpu.cudagraph_utils")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("STAGING_PLUGIN", "VLLM_PLUGINS"))}
+    env["STORE"] = str(tmp_path_factory.mktemp("store") / "store")
+    env["MASTER_ADDR"], env["MASTER_PORT"] = "127.0.0.1", str(_free_port())
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", textwrap.dedent(RANK)],
+            env=env | {"RANK": str(rank)},
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for rank in range(2)
+    ]
+    results = []
+    for proc in procs:
+        stdout, stderr = proc.communicate(timeout=400)
+        lines = [x for x in stdout.splitlines() if x.startswith("RESULT:")]
+        assert proc.returncode == 0 and lines, stdout[-2000:] + stderr[-3000:]
+        results.append(json.loads(lines[-1].removeprefix("RESULT:")))
+    return results
+
+
+pytestmark = [pytest.mark.contract, pytest.mark.subprocess]
+
+
+def test_register_and_the_patch_load_only_the_presizing_modules(ranks: list[dict[str, Any]]) -> None:
+    for rank in ranks:
+        assert rank["after_register"] == DEFAULT_LOADED  # no offline module, no pluggy, no receipts
+        assert rank["hooks_after_register"] == ["PostImportHook"]  # the V1 guard's, until a manager exists
+
+
+def test_a_default_capture_presizes_and_does_nothing_else(ranks: list[dict[str, Any]]) -> None:
+    for rank in ranks:
+        default = rank["default"]
+        assert default["ok"] and default["rows"] == {"hidden_states": 512} and default["class_is_vllms"]
+        assert default["store_calls"] == []  # no agreement round-trip, no collective through the store
+        assert default["new_modules"] == []  # the capture imported nothing of the plugin's, nor pluggy
+        assert [m for m in default["modules"] if "._offline" not in m] == DEFAULT_LOADED  # (the driver aside)
+        assert rank["files_written"] == []
+        # a bounded handful of engine frames per capture (the wrappers, the capacity, vLLM's one assignment
+        # of hidden_states, and the driver's reading of the result), the same for 4 descriptors as for 102
+        assert default["frames"].count("__set__") == 1
+        assert len(default["frames"]) == len(rank["small"]["frames"]) <= 40, default["frames"]
+        assert rank["first"]["frames"].count("capture_view") == 1 and "capture_view" not in default["frames"]
+
+
+def test_after_capture_no_plugin_code_runs_anywhere(ranks: list[dict[str, Any]]) -> None:
+    for rank in ranks:
+        assert rank["hooks_after_capture"] == []  # both import hooks gone
+        assert rank["replay_frames"] == []  # vLLM's per-step FULL graph replay
+        assert rank["import_frames"] == []  # an unrelated import
+
+
+def test_the_control_arm_shows_the_instruments_work(ranks: list[dict[str, Any]]) -> None:
+    for rank in ranks:
+        control = rank["ascending"]
+        assert control["ok"] and control["rows"] == {"hidden_states": 512}
+        keys = [call[1] for call in control["store_calls"] if call[0] == "set"]
+        assert any("vllm_staging_plugin/plan/0-1/0/" in key for key in keys)  # the two ranks agreed
+        assert "vllm_staging_plugin._engine.agreement" in control["new_modules"]
+        assert {"pluggy", "vllm_staging_plugin._engine.policies"} <= set(control["modules"])
+        assert "vllm_staging_plugin._engine.capture_session" not in control["modules"]  # no receipts asked
+        assert len(control["frames"]) > len(rank["default"]["frames"])
+
+
+def _imports(path: Path) -> set[str]:
+    tree = ast.parse(path.read_text())
+    found: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom):
+            found.add("." * node.level + (node.module or ""))
+        elif isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+    return found
+
+
+@pytest.mark.parametrize("path", sorted(ENGINE_DIR.glob("*.py")), ids=lambda p: p.name)
+def test_no_engine_module_imports_the_offline_part(path: Path) -> None:
+    assert not any("_offline" in name for name in _imports(path))
