@@ -303,3 +303,36 @@ def test_builtin_policies_on_the_real_descriptor_lists() -> None:
         assert ordered("shuffle:1") == ordered("shuffle:1") != tokens and sorted(
             ordered("shuffle:1")
         ) == sorted(tokens)
+
+
+# ---- what the agreement check reads of vLLM: descriptor fields, rank layout, independent DP engines -----
+
+
+def test_the_plan_digest_covers_every_descriptor_field() -> None:
+    """The digest reads named fields, not repr: a field vLLM adds must be added to the list."""
+    import dataclasses
+
+    from vllm_staging_plugin._engine import agreement
+
+    with cpu_replay.cpu_stubs(QWEN3_8B):
+        manager = cpu_replay.build_manager(QWEN3_8B)
+    desc = next(d for descs in manager._capture_descs.values() for d in descs)
+    assert dataclasses.is_dataclass(desc)
+    assert {f.name for f in dataclasses.fields(desc)} <= set(agreement.DESCRIPTOR_FIELDS)
+
+
+def test_vllm_lays_one_engines_ranks_out_contiguously() -> None:
+    """``coupled_ranks`` relies on vLLM's layout: global rank = dp_rank x engine world + local rank, and
+    groups cut from ``arange(world).reshape(-1, dp, pp, [pcp,] tp)``."""
+    import re
+
+    from vllm.distributed import parallel_state
+
+    groups = inspect.getsource(parallel_state.initialize_model_parallel)
+    assert re.search(
+        r"reshape\(\s*-1,\s*data_parallel_size,\s*pipeline_model_parallel_size,"
+        r"(\s*prefill_context_model_parallel_size,)?\s*tensor_model_parallel_size",
+        groups,
+    )
+    init = inspect.getsource(parallel_state.init_distributed_environment)
+    assert "rank = parallel_config.data_parallel_rank * world_size + rank" in init

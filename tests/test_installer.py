@@ -1,4 +1,4 @@
-"""The installer owns every change the plugin makes to a process, and ``unregister()`` undoes exactly those."""
+"""The installer owns every change the plugin makes to a process; ``unregister()`` undoes exactly those."""
 
 from __future__ import annotations
 
