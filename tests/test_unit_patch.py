@@ -98,11 +98,14 @@ def test_kill_switch_leaves_vllm_untouched(fake_module: Any, monkeypatch: pytest
     assert not patch.is_patched(fake_module.ModelCudaGraphManager)
 
 
-def test_register_never_imports_vllm_or_torch_when_module_not_loaded(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_register_waits_for_vllms_import_instead_of_importing(monkeypatch: pytest.MonkeyPatch) -> None:
+    """In-process half of the proof (torch and vLLM are loaded here already; the subprocess test
+    ``test_register_is_import_light`` shows neither is imported): the module is not imported by register()."""
     monkeypatch.delitem(sys.modules, MODULE, raising=False)
     vllm_staging_plugin.register()  # only installs the import hook
     from vllm_staging_plugin._engine.import_hook import PostImportHook
 
+    assert MODULE not in sys.modules
     assert any(isinstance(f, PostImportHook) and f.fullname == MODULE for f in sys.meta_path)
 
 
