@@ -80,9 +80,13 @@ def test_a_silent_coupled_rank_is_an_error_naming_it() -> None:
 
 def test_recapture_in_one_process_uses_the_next_round() -> None:
     store = dist.HashStore()
-    for round_ in (0, 1):
-        publish(store, "0-1", 1, plan_for("ascending"), round_)
-        assert check(plan_for("ascending"), store, 0, range(2), wait_seconds=5) == 2
+    publish(store, "0-1", 1, plan_for("ascending"), 0)
+    assert check(plan_for("ascending"), store, 0, range(2), wait_seconds=5) == 2
+    publish(store, "0-1", 1, plan_for("ascending"), 1)  # the second capture: round 1, and only round 1
+    assert check(plan_for("ascending"), store, 0, range(2), wait_seconds=5) == 2
+    publish(store, "0-1", 1, plan_for("max-first", (4, 1, 2)), 2)  # the peer's third capture differs
+    with pytest.raises(AgreementError):  # compared with round 2, not with an earlier agreeing plan
+        check(plan_for("ascending"), store, 0, range(2), wait_seconds=5)
 
 
 def test_no_process_group_means_no_check(mocker: Any) -> None:
@@ -228,8 +232,11 @@ def test_data_parallel_engines_agree_only_where_coupled(dp_tp_runs: list[dict[st
 def test_the_wait_is_bounded_by_the_configured_seconds() -> None:
     """A silent peer costs the configured wait, not the store's default timeout (300 s), then an error."""
     import time
+    from datetime import timedelta
 
+    store = dist.HashStore()
+    store.set_timeout(timedelta(seconds=60))
     started = time.monotonic()
     with pytest.raises(AgreementError, match="within 0 s"):
-        check(plan_for("ascending"), dist.HashStore(), 0, range(2), wait_seconds=0.3)
+        check(plan_for("ascending"), store, 0, range(2), wait_seconds=0.3)
     assert 0.25 <= time.monotonic() - started < 10

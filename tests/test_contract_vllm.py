@@ -336,3 +336,18 @@ def test_vllm_lays_one_engines_ranks_out_contiguously() -> None:
     )
     init = inspect.getsource(parallel_state.init_distributed_environment)
     assert "rank = parallel_config.data_parallel_rank * world_size + rank" in init
+
+
+def test_vllm_runs_dense_data_parallel_engines_independently() -> None:
+    """Why dense DP engines are never compared: vLLM's engine-core launcher keeps ``data_parallel_size > 1``
+    in the workers' config only for MoE models (``DPEngineCoreProc``) and gives every other engine
+    ``data_parallel_size = 1`` (0.33.0: ``reconfigure_for_independent_dp_rank``; older releases inline)."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("vllm.v1.engine.core")  # read, not imported: it needs serving extras
+    assert spec is not None and spec.origin is not None
+    source = Path(spec.origin).read_text()
+    launcher = source[source.index("def run_engine_core(") :].split("\n    def ", 1)[0]
+    assert "is_moe" in launcher and "DPEngineCoreProc(" in launcher
+    independent = "reconfigure_for_independent_dp_rank" in launcher or "data_parallel_size = 1" in launcher
+    assert independent

@@ -8,7 +8,7 @@ import sys
 from typing import Any
 
 import pytest
-from fakes import FULL, PIECEWISE, config, descs, fresh_class, make_module
+from fakes import FULL, PIECEWISE, FakeManager, config, descs, fresh_class, make_module
 
 import vllm_staging_plugin
 from vllm_staging_plugin._engine import compat, installer, patch
@@ -92,11 +92,12 @@ def test_unwrap_leaves_a_foreign_wrapper_and_makes_its_own_a_pass_through(
         return ours(self, *args, **kwargs)
 
     cls.capture = theirs  # type: ignore[attr-defined]
+    manager = build(cls)  # built while the plugin was active: it holds the plugin's state
+    assert "_vllm_staging" in vars(manager)
     vllm_staging_plugin.unregister()
     assert cls.__dict__["capture"] is theirs  # not ours to remove
-    assert cls.__dict__["__init__"] is not ours and "__init__" in cls.__dict__  # ours restored
+    assert cls.__dict__["__init__"] is FakeManager.__init__  # ours was still on top: restored
     assert len(plugin_log.warnings) == 1 and "wrapped by another tool" in plugin_log.warnings[0]
-    manager = build(cls)
     manager._capture_descs[PIECEWISE].sort(key=lambda d: d.num_tokens)
     with pytest.raises(RuntimeError, match="must match the existing size"):  # our wrapper passes through
         manager.capture()
@@ -113,4 +114,82 @@ def test_disabled_registers_nothing_but_the_ray_prefix(
     assert plugin_hooks() == [] and not INSTALLER.classes
     assert os.environ[RAY_PREFIXES_VARIABLE] == "STAGING_PLUGIN_"  # Ray actors must see the kill switch
     vllm_staging_plugin.unregister()
+    assert RAY_PREFIXES_VARIABLE not in os.environ
+
+
+def test_a_fresh_installer_has_changed_nothing() -> None:
+    fresh = installer.Installer()
+    assert fresh.classes == {} and fresh.agreement_rounds == {}
+    assert (fresh.refused, fresh.announced, fresh.v1_warned, fresh.foreign_warned) == (False,) * 4
+    environ = dict(os.environ)
+    fresh.restore_ray_variable()  # nothing was changed: nothing to restore
+    assert dict(os.environ) == environ
+
+
+def test_install_and_uninstall_own_exactly_their_hooks(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(installer, "CUDAGRAPH_MODULE", "no_such_pkg.cudagraph_utils")
+    monkeypatch.setattr(installer, "V1_RUNNER_MODULE", "no_such_pkg.gpu_model_runner")
+    fresh = installer.Installer()
+    fresh.install()
+    assert sorted(plugin_hooks()) == ["no_such_pkg.cudagraph_utils", "no_such_pkg.gpu_model_runner"]
+    fresh.uninstall()
+    assert plugin_hooks() == []
+
+
+def test_a_v2_manager_unwraps_the_v1_guard(monkeypatch: pytest.MonkeyPatch) -> None:
+    from types import ModuleType
+
+    from vllm_staging_plugin._engine import runner_guard
+
+    v1 = ModuleType(V1_RUNNER_MODULE)
+    original = lambda self: None  # noqa: E731
+    v1.GPUModelRunner = type("GPUModelRunner", (), {"__init__": original, "__module__": V1_RUNNER_MODULE})  # type: ignore[attr-defined]
+    runner_guard.guard(v1)
+    assert v1.GPUModelRunner in INSTALLER.classes
+    INSTALLER.model_runner_v2_chosen()
+    assert v1.GPUModelRunner not in INSTALLER.classes and v1.GPUModelRunner.__dict__["__init__"] is original
+
+
+def test_the_foreign_wrapper_warning_word_for_word_and_once(
+    monkeypatch: pytest.MonkeyPatch, plugin_log: Any
+) -> None:
+    cls = fresh_class()
+    monkeypatch.setitem(sys.modules, compat.CUDAGRAPH_MODULE, make_module(cls))
+    monkeypatch.setattr(compat, "platform_name", lambda: "cuda")
+    vllm_staging_plugin.register()
+    ours = {name: cls.__dict__[name] for name in ("__init__", "capture")}
+    for name, wrapper in ours.items():  # another tool wraps both after us
+        setattr(cls, name, functools.wraps(wrapper)(lambda self, *a, _w=wrapper, **k: _w(self, *a, **k)))
+    vllm_staging_plugin.unregister()
+    assert plugin_log.warnings == [
+        "vllm-staging-plugin: ModelCudaGraphManager.__init__ was wrapped by another tool after this "
+        "plugin; that wrapper is left in place and the plugin's own, inside it, now passes every call "
+        "straight to vLLM"
+    ]
+    manager = build(cls)  # through the foreign __init__ and the plugin's inert one: no plugin state
+    assert "_vllm_staging" not in vars(manager)
+    manager._capture_descs[PIECEWISE].sort(key=lambda d: d.num_tokens)
+    with pytest.raises(RuntimeError, match="must match the existing size"):
+        manager.capture()
+
+
+def test_a_ray_variable_changed_in_a_given_mapping_is_not_restored_in_os_environ(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.delenv(RAY_PREFIXES_VARIABLE, raising=False)
+    fresh = installer.Installer()
+    mapping = {"STAGING_PLUGIN_ORDER": "ascending"}
+    fresh.forward_to_ray_workers(mapping)
+    assert mapping[RAY_PREFIXES_VARIABLE] == "STAGING_PLUGIN_"
+    monkeypatch.setenv(RAY_PREFIXES_VARIABLE, "MINE_")
+    fresh.restore_ray_variable()  # it changed a mapping, not this process's environment
+    assert os.environ[RAY_PREFIXES_VARIABLE] == "MINE_"
+
+
+def test_unregister_after_the_operator_removed_the_ray_variable(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("STAGING_PLUGIN_ORDER", "ascending")
+    monkeypatch.delenv(RAY_PREFIXES_VARIABLE, raising=False)
+    vllm_staging_plugin.register()
+    del os.environ[RAY_PREFIXES_VARIABLE]
+    vllm_staging_plugin.unregister()  # nothing to remove, and no error
     assert RAY_PREFIXES_VARIABLE not in os.environ

@@ -195,7 +195,7 @@ def test_the_v1_guard_leaves_odd_modules_alone(runner: Any) -> None:
     if runner != "absent":
         module.GPUModelRunner = runner  # type: ignore[attr-defined]
     runner_guard.guard(module)  # never breaks the import of vLLM's module
-    assert runner_guard.guarded_class() is None and not installer.INSTALLER.classes
+    assert not installer.INSTALLER.classes
     assert getattr(module, "GPUModelRunner", "absent") == runner
 
 
@@ -349,6 +349,10 @@ def test_the_coupled_check_publishes_this_ranks_plan(monkeypatch: pytest.MonkeyP
     with pytest.raises(agreement.AgreementError, match=silent):
         agreement.check_coupled_ranks(settings, ordered, _parallel(tp=2, dp=2, moe=True))
     assert agreement.check_coupled_ranks(settings, ordered, _parallel(tp=1, dp=4)) is None  # alone
+    world["size"] = 2  # the smallest coupled world: TP=2, this rank 1 (rank 0 publishes first)
+    monkeypatch.setattr(dist, "get_rank", lambda group=None: 1)
+    store.set(f"{agreement.KEY_PREFIX}/0-1/0/0", json.dumps(mine))
+    assert agreement.check_coupled_ranks(settings, ordered, _parallel(tp=2)) == 2
     world["size"] = 1
     assert agreement.check_coupled_ranks(settings, ordered, _parallel()) is None
 
@@ -376,6 +380,18 @@ def test_the_silent_rank_message_word_for_word() -> None:
         "captures in vLLM's own order. Install and enable the plugin on every node (VLLM_PLUGINS, "
         "STAGING_PLUGIN_DISABLE) and set STAGING_PLUGIN_ORDER identically everywhere."
     )
+
+
+def test_state_of_reads_only_the_plugins_state() -> None:
+    assert staging.state_of(SimpleNamespace(_vllm_staging="not a state")) is None
+    assert staging.state_of(SimpleNamespace()) is None
+
+
+def test_the_engine_size_counts_prefill_context_ranks() -> None:
+    pcp = SimpleNamespace(tensor_parallel_size=2, pipeline_parallel_size=1, prefill_context_parallel_size=2)
+    assert agreement.engine_size(pcp) == 4
+    older = SimpleNamespace(tensor_parallel_size=2, pipeline_parallel_size=3)  # no PCP before vLLM 0.2x
+    assert agreement.engine_size(older) == 6
 
 
 def test_descriptor_values_are_plain_json() -> None:
@@ -619,6 +635,9 @@ def test_the_capture_time_view_is_one_look_alike_subclass(monkeypatch: pytest.Mo
     _six(cls).capture()
     _six(cls).capture()
     assert seen[0] is seen[1] and seen[0] is not cls and issubclass(seen[0], cls)
+    sub = type("ModelCudaGraphManager", (cls,), {})  # an out-of-tree subclass: a view of its own
+    _six(sub).capture()
+    assert seen[2] is not seen[0] and issubclass(seen[2], sub)
     assert (seen[0].__name__, seen[0].__qualname__, seen[0].__module__) == (
         cls.__name__,
         cls.__qualname__,

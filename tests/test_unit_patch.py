@@ -261,3 +261,15 @@ def test_presized_keeps_dtype_device_and_trailing_shape() -> None:
     assert (grown.shape, grown.dtype, grown.device) == ((7, 3, 5), torch.float16, t.device)
     assert presized(t, 2) is t
     assert [x.shape[0] for x in presized([t, t], 4)] == [4, 4]
+
+
+def test_an_unexpected_error_in_the_structure_check_is_one_warning_naming_it(
+    monkeypatch: pytest.MonkeyPatch, plugin_log: Any
+) -> None:
+    def broken(module: Any) -> type:
+        raise KeyError("renamed")
+
+    monkeypatch.setattr(compat, "manager_class", broken)
+    patch.patch_module(make_module(fresh_class()))  # never breaks the import of vLLM's module
+    assert len(plugin_log.warnings) == 1 and "inactive" in plugin_log.warnings[0]
+    assert "KeyError: 'renamed'" in plugin_log.warnings[0]

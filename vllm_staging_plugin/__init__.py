@@ -54,7 +54,7 @@ def register() -> None:
 
 
 def unregister() -> None:
-    """Undo :func:`register` exactly: hooks, wrappers (only the plugin's own) and the Ray variable."""
+    """Undo :func:`register`: hooks, wrappers (only the plugin's own) and the Ray variable."""
     from ._engine.installer import INSTALLER
 
     INSTALLER.uninstall()

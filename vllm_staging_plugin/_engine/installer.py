@@ -4,7 +4,8 @@ The changes, all listed in the patch registry of :mod:`.patch`: two import hooks
 ``sys.meta_path`` as soon as they fire, or as soon as the worker's runner shows they never will), the
 wrappers on ``ModelCudaGraphManager`` and on the V1 ``GPUModelRunner``, and the Ray prefix variable.
 Restoring puts back only the plugin's own wrappers: one that another tool has since wrapped is left in
-place, made a pass-through, with one warning (OpenTelemetry's ``unwrap`` does the same).
+place, its inner plugin wrapper made a pass-through, with one warning (OpenTelemetry's ``unwrap`` would
+remove whichever proxy is on top).
 """
 
 from __future__ import annotations
@@ -57,7 +58,10 @@ class Installer:
         when_imported(V1_RUNNER_MODULE, self._on_v1_runner_module)
 
     def uninstall(self) -> None:
-        """Exactly undo :meth:`install` and what its hooks did."""
+        """Undo :meth:`install` and what its hooks did to classes, ``sys.meta_path`` and the environment.
+
+        The per-process flags and agreement rounds stay (peers keep counting), as does built managers' state.
+        """
         remove_hooks(CUDAGRAPH_MODULE)
         remove_hooks(V1_RUNNER_MODULE)
         for cls in list(self.classes):

@@ -17,16 +17,19 @@ Patch registry (vllm-ascend's fields; the installer in :mod:`.installer` applies
     Why: the pre-sizing must act on vLLM's own first assignment, inside capture.
     How: re-read the capacity; under a non-default ``STAGING_PLUGIN_ORDER`` reorder the real capture's
     descriptors (never the profiling pass's, which samples the largest) after the coupled ranks agreed
-    (:mod:`.agreement`); write a receipt if asked (:mod:`.capture_session`); for the capture only, move
-    the manager into a subclass whose set-only slots see vLLM's first assignment (:mod:`.staging`).
+    (:mod:`.agreement`); write a receipt if asked (:mod:`.capture_session`); for the capture only (and
+    only while pre-sizing), move the manager instance (``__class__``) into a per-class look-alike subclass
+    whose set-only slots see vLLM's first assignment (:mod:`.staging`); vLLM's class itself carries no slot.
+    The manager holds one plugin attribute, ``_vllm_staging`` (settings, capacity, ranks agreed).
     Upstream PR: as above. Removal: as above; the order knob would then need an upstream hook.
 ``vllm.v1.worker.gpu_model_runner.GPUModelRunner.__init__`` (wrapped, :mod:`.runner_guard`)
     Why: on the V1 runner there is no manager and the plugin would be silently inactive.
     How: one warning (strict: an error); unwrapped as soon as a V2 manager is built.
     Upstream PR: none (a plugin's own diagnosis). Removal: when vLLM drops the V1 runner.
 ``sys.meta_path`` (two post-import hooks, :mod:`.import_hook`)
-    Why: ``register()`` must not import torch or vLLM. How: each hook waits for one module and removes
-    itself when it fires. Upstream PR: none. Removal: never needed once the patch is gone.
+    Why: ``register()`` must not import torch or vLLM. How: each hook waits for one module; the patch's
+    removes itself when it fires, the V1 runner's when a manager is built (and the patch's when a V1
+    runner is). Upstream PR: none. Removal: with the patch.
 ``VLLM_RAY_EXTRA_ENV_VAR_PREFIXES_TO_COPY`` (environment, only when a ``STAGING_PLUGIN_*`` is set)
     Why: vLLM's legacy Ray executor and DP Ray backend copy only listed prefixes to Ray actors.
     How: ``STAGING_PLUGIN_`` appended, keeping what the operator listed. Upstream PR: none (vLLM's

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import functools
 import logging
-import sys
 from collections.abc import Callable
 from types import ModuleType
 from typing import Any
@@ -71,9 +70,3 @@ def guard(module: ModuleType) -> None:
         return {"__init__": __init__}
 
     INSTALLER.wrap(cls, ("__init__",), make)
-
-
-def guarded_class() -> type | None:
-    """The V1 runner class if the guard wraps it."""
-    cls = getattr(sys.modules.get(V1_RUNNER_MODULE), V1_RUNNER_CLASS, None)
-    return cls if isinstance(cls, type) and cls in INSTALLER.classes else None
