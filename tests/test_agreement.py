@@ -9,14 +9,11 @@ from __future__ import annotations
 
 import json
 import os
-import socket
-import subprocess
-import sys
-import textwrap
 from typing import Any
 
 import pytest
 import torch.distributed as dist
+from conftest import free_port, spawn_ranks
 
 from vllm_staging_plugin._engine import agreement
 from vllm_staging_plugin._engine.agreement import AgreementError, check, coupled_ranks
@@ -172,34 +169,12 @@ SCENARIOS = [  # name, order per rank, MoE, how late engine 1 comes, the agreeme
 ]
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @pytest.fixture(scope="module")
 def dp_tp_runs() -> list[dict[str, Any]]:
     pytest.importorskip("vllm.v1.worker.gpu.cudagraph_utils")
     base = {k: v for k, v in os.environ.items() if not k.startswith("STAGING_PLUGIN")}
-    base |= {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port()), "SCENARIOS": json.dumps(SCENARIOS)}
-    procs = [
-        subprocess.Popen(
-            [sys.executable, "-c", textwrap.dedent(RANK)],
-            env=base | {"RANK": str(rank)},
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        for rank in range(4)
-    ]
-    results = []
-    for proc in procs:
-        stdout, stderr = proc.communicate(timeout=400)
-        lines = [x for x in stdout.splitlines() if x.startswith("RESULT:")]
-        assert proc.returncode == 0 and lines, stdout[-2000:] + stderr[-3000:]
-        results.append(json.loads(lines[-1].removeprefix("RESULT:")))
-    return results
+    base |= {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), "SCENARIOS": json.dumps(SCENARIOS)}
+    return spawn_ranks(RANK, [base | {"RANK": str(rank)} for rank in range(4)])
 
 
 @pytest.mark.contract

@@ -11,16 +11,12 @@ arm: it shows that the same instruments do see the plugin when it has something 
 from __future__ import annotations
 
 import ast
-import json
 import os
-import socket
-import subprocess
-import sys
-import textwrap
 from pathlib import Path
 from typing import Any
 
 import pytest
+from conftest import free_port, spawn_ranks
 
 import vllm_staging_plugin
 
@@ -144,35 +140,13 @@ DEFAULT_LOADED = [
 ]
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @pytest.fixture(scope="module")
 def ranks(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
     pytest.importorskip("vllm.v1.worker.gpu.cudagraph_utils")
     env = {k: v for k, v in os.environ.items() if not k.startswith(("STAGING_PLUGIN", "VLLM_PLUGINS"))}
     env["STORE"] = str(tmp_path_factory.mktemp("store") / "store")
-    env["MASTER_ADDR"], env["MASTER_PORT"] = "127.0.0.1", str(_free_port())
-    procs = [
-        subprocess.Popen(
-            [sys.executable, "-c", textwrap.dedent(RANK)],
-            env=env | {"RANK": str(rank)},
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        for rank in range(2)
-    ]
-    results = []
-    for proc in procs:
-        stdout, stderr = proc.communicate(timeout=400)
-        lines = [x for x in stdout.splitlines() if x.startswith("RESULT:")]
-        assert proc.returncode == 0 and lines, stdout[-2000:] + stderr[-3000:]
-        results.append(json.loads(lines[-1].removeprefix("RESULT:")))
-    return results
+    env["MASTER_ADDR"], env["MASTER_PORT"] = "127.0.0.1", str(free_port())
+    return spawn_ranks(RANK, [env | {"RANK": str(rank)} for rank in range(2)])
 
 
 pytestmark = [pytest.mark.contract, pytest.mark.subprocess]
