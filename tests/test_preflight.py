@@ -145,7 +145,7 @@ def test_bad_configuration_exits_2_with_vllms_message(tmp_path: Path, capsys: An
 
 def test_bad_order_exits_2(capsys: Any) -> None:
     assert main(["check", "--order", "zigzag", "--", "unused"]) == 2
-    assert "--order: STAGING_PLUGIN_ORDER='zigzag': unknown order policy" in capsys.readouterr().err
+    assert "--order 'zigzag': unknown order policy" in capsys.readouterr().err
 
 
 @pytest.mark.usefixtures("offline")
@@ -216,3 +216,40 @@ def test_console_script_end_to_end(tmp_path: Path) -> None:
     assert "  did not fit   FULL num_tokens=9 (uniform decode 3 x 3)" in out
     assert "with the plugin (order descending): boots, 9-row buffers" in out
     assert "INFO" not in out  # vLLM's log lines went to stderr
+
+
+def test_a_bad_order_variable_is_named_as_the_variable(monkeypatch: pytest.MonkeyPatch, capsys: Any) -> None:
+    monkeypatch.setenv("STAGING_PLUGIN_ORDER", "zigzag")
+    assert main(["check", "--json", "--", "unused"]) == 2
+    out = json.loads(capsys.readouterr().out)
+    assert out["error"] == "bad arguments" and out["message"].startswith("STAGING_PLUGIN_ORDER='zigzag': ")
+
+
+@pytest.mark.parametrize("model", ["/nonexistent/model", "./missing-model", "~/missing-model-folder"])
+def test_a_missing_model_folder_is_one_line_and_exit_2(
+    model: str, monkeypatch: pytest.MonkeyPatch, capsys: Any
+) -> None:
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # what docs/preflight.md suggests
+    assert main(["check", "--json", "--", model]) == 2
+    captured = capsys.readouterr()
+    out = json.loads(captured.out)  # one JSON object on stdout, never a traceback
+    assert out["exit_code"] == 2 and out["error"] == "bad arguments"
+    assert (
+        out["message"]
+        == f"model {model!r}: no such folder (a local model is a folder holding its config.json)"
+    )
+    assert "Traceback" not in captured.err
+
+
+def test_a_file_given_as_the_model_says_so(tmp_path: Path, capsys: Any) -> None:
+    config = tmp_path / "config.json"
+    config.write_text("{}")
+    assert main(["check", "--", str(config)]) == 2
+    assert "a file, not a model folder" in capsys.readouterr().err
+
+
+def test_a_model_without_the_separator_gets_the_right_form(capsys: Any) -> None:
+    assert main(["check", "./kimi-linear", "--max-num-seqs", "4"]) == 2
+    err = capsys.readouterr().err
+    assert "'./kimi-linear' looks like a model" in err
+    assert "vllm-staging-plugin check [--order O] [--json] -- MODEL [vllm serve arguments]" in err

@@ -143,7 +143,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not words or (words[0].startswith("-") and words[0] not in ("-h", "--help", "--version")):
         words.insert(0, "check")  # the default command takes its options without naming it
     parser = build_parser()
-    args = parser.parse_args(words)
+    args, unknown = parser.parse_known_args(words)
+    if unknown and args.command != "report" and serve_args is None and not unknown[0].startswith("-"):
+        print(f"vllm-staging-plugin check: {unknown[0]!r} looks like a model: the vllm serve arguments go "
+              "after `--`, as in: vllm-staging-plugin check [--order O] [--json] -- MODEL "
+              "[vllm serve arguments]", file=sys.stderr)  # fmt: skip
+        return 2
+    if unknown:
+        parser.error(f"unrecognized arguments: {' '.join(unknown)}")
     if args.command == "report":
         if serve_args is not None:
             parser.error("report takes no `-- VLLM_SERVE_ARGS`")

@@ -19,6 +19,7 @@ from collections.abc import Iterator, Sequence
 from ... import __version__
 from ..._engine.settings import ENV_ORDER, ConfigError, Settings
 from .configure import (
+    GPU_HOST,
     BadArguments,
     CannotCheckHere,
     create_engine_config,
@@ -63,8 +64,13 @@ def _logs_to_stderr() -> Iterator[None]:
             handler.setStream(sys.stdout)
 
 
-def run(argv: Sequence[str], order: str = "descending", gpu: Gpu = GPUS["h200"]) -> Preflight:
-    """Parse, configure, build the manager and replay both arms. Raises BadArguments / CannotCheckHere."""
+def run(
+    argv: Sequence[str], order: str = "descending", gpu: Gpu = GPUS["h200"], order_from: str = "--order"
+) -> Preflight:
+    """Parse, configure, build the manager and replay both arms. Raises BadArguments / CannotCheckHere.
+
+    ``order_from`` names where the order came from (the flag or the variable) in a refusal.
+    """
     from ..._engine import compat
     from ..._engine.policies import validate_order
     from ..cpu_replay import cudagraph_module
@@ -72,7 +78,10 @@ def run(argv: Sequence[str], order: str = "descending", gpu: Gpu = GPUS["h200"])
     try:
         validate_order(Settings(order=order))
     except ConfigError as exc:
-        raise BadArguments(f"--order: {exc}") from None
+        text = str(exc)  # "STAGING_PLUGIN_ORDER='x': ...": name the flag instead when the flag gave it
+        if order_from != ENV_ORDER:
+            text = f"{order_from} {text.removeprefix(f'{ENV_ORDER}=')}"
+        raise BadArguments(text) from None
     versions = compat.installed_versions()
     if versions["vllm"] is None:
         raise CannotCheckHere("vLLM is not installed in this environment")
@@ -126,14 +135,19 @@ def run(argv: Sequence[str], order: str = "descending", gpu: Gpu = GPUS["h200"])
 
 def main(serve_argv: Sequence[str], order: str | None, as_json: bool, gpu_name: str = "h200") -> int:
     """Run the pre-flight and print it; the exit code says whether the plugin boots the configuration."""
+    order_from = "--order" if order else ENV_ORDER
     order = order or os.environ.get(ENV_ORDER, "").strip() or "descending"
     try:
         with _logs_to_stderr():
-            result = run(serve_argv, order, GPUS[gpu_name])
+            result = run(serve_argv, order, GPUS[gpu_name], order_from)
     except BadArguments as exc:
         return _fail(EXIT_BAD_ARGUMENTS, "bad arguments", str(exc), as_json)
     except CannotCheckHere as exc:
         return _fail(EXIT_CANNOT_CHECK_HERE, "cannot check on this machine", str(exc), as_json)
+    except Exception as exc:  # anything else vLLM raises while inspecting: one line, never a traceback
+        first = (str(exc).strip().splitlines() or [""])[0]
+        message = f"{type(exc).__name__}: {first}; {GPU_HOST}"
+        return _fail(EXIT_CANNOT_CHECK_HERE, "cannot check on this machine", message, as_json)
     code = EXIT_BOOTS if result.plugin_boots else EXIT_FAILS
     if as_json:
         print(json.dumps({**result.to_json(), "exit_code": code}, indent=1))

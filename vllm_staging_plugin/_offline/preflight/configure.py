@@ -45,7 +45,20 @@ def parse_serve_arguments(argv: Sequence[str]) -> argparse.Namespace:
         validate_parsed_serve_args(args)
     except (ValueError, TypeError) as exc:
         raise BadArguments(f"{type(exc).__name__}: {exc}") from None
+    _model_folder_exists(str(args.model))
     return args
+
+
+def _model_folder_exists(model: str) -> None:
+    """A model written as a path (``/``, ``./``, ``../``, ``~``) must be a folder: say so in one line.
+
+    Without this, vLLM's hub client reports a missing folder as an invalid repository id.
+    """
+    import os
+
+    if model.startswith(("/", "./", "../", "~")) and not os.path.isdir(os.path.expanduser(model)):
+        what = "a file, not a model folder" if os.path.exists(os.path.expanduser(model)) else "no such folder"
+        raise BadArguments(f"model {model!r}: {what} (a local model is a folder holding its config.json)")
 
 
 def create_engine_config(args: argparse.Namespace) -> Any:
@@ -53,8 +66,8 @@ def create_engine_config(args: argparse.Namespace) -> Any:
     from vllm.engine.arg_utils import AsyncEngineArgs
     from vllm.usage.usage_lib import UsageContext
 
-    engine_args = AsyncEngineArgs.from_cli_args(args)
     try:
+        engine_args = AsyncEngineArgs.from_cli_args(args)
         return engine_args.create_engine_config(usage_context=UsageContext.OPENAI_API_SERVER)
     except ImportError as exc:
         raise CannotCheckHere(
