@@ -109,10 +109,12 @@ def test_unreadable_and_foreign_receipts_are_skipped_one_warning_each(tmp_path: 
         target = tmp_path / "host-b" / name
         target.parent.mkdir(exist_ok=True)
         target.write_bytes(content if isinstance(content, bytes) else content.encode())
-    (tmp_path / "host-b" / "notes.json").write_text("{not a receipt name either")  # not named like one
+    (tmp_path / "host-b" / "r1.json").write_text("{corrupt")  # not named like a receipt: still read
+    (tmp_path / "host-b" / "notes.txt").write_text("not JSON by name: not read")
+    (tmp_path / "host-a" / ".tmp-abc.json").write_text('{"half')  # a receipt being written: ignored
     loaded, seen = _skipped(tmp_path)
     assert [r["pid"] for r in loaded] == [7] and good.exists()
-    assert sorted(name for name, _ in seen) == sorted(bad)  # each once, named; notes.json is not a receipt
+    assert sorted(name for name, _ in seen) == sorted([*bad, "r1.json"])  # each once, named
     why = dict(seen)
     assert why["receipt-notjson.json"].startswith("not JSON") and why["receipt-torn.json"].startswith(
         "not JSON"

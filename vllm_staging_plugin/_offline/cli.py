@@ -129,7 +129,11 @@ def build_parser() -> argparse.ArgumentParser:
     chk.add_argument("--max-num-seqs", type=int, default=128)
     chk.add_argument("--hidden-size", type=int, default=4096)
     rep = sub.add_parser("report", help="compare receipts per configuration and order policy")
-    rep.add_argument("directory")
+    rep.add_argument(
+        "directory",
+        help="where STAGING_PLUGIN_RECEIPTS_DIR receipts were gathered: every *.json below it is read "
+        "(recursively); other JSON files are skipped with one warning each",
+    )
     rep.add_argument("--plot", metavar="FILE.png", help="also draw the comparison (needs [plot])")
     return parser
 

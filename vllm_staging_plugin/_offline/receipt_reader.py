@@ -17,19 +17,22 @@ from .._engine.receipts import REQUIRED_FIELDS, SCHEMA, Receipt
 logger = logging.getLogger("vllm.staging_plugin")
 
 Skip = Callable[[Path, str], None]
-"""Told about each file named like a receipt that is not one: its path and why."""
+"""Told about each JSON file that is not a receipt: its path and why."""
 
 
 def read_receipts(directory: Path, on_skip: Skip | None = None) -> list[Receipt]:
-    """Every complete receipt under ``directory`` (recursively; temporary files are ignored), oldest first.
+    """Every complete receipt in the ``*.json`` files under ``directory`` (recursively, whatever their name;
+    ``write_receipt``'s ``.tmp-*`` files are ignored), oldest first.
 
-    Receipts gathered from many hosts include partial copies and foreign files: each file named like a
-    receipt that cannot be read, is not JSON, is of another schema or lacks fields is passed to
+    Receipts gathered from many hosts include partial copies and foreign files: each JSON file that
+    cannot be read, is not JSON, is of another schema or lacks fields is passed to
     ``on_skip`` (default: one warning naming it) and left out, so one bad copy never hides the others.
     """
     skip = on_skip or _warn_skipped
     receipts: list[Receipt] = []
-    for path in sorted(directory.rglob("receipt-*.json")):
+    for path in sorted(directory.rglob("*.json")):
+        if path.name.startswith(".tmp-"):  # a receipt being written right now (write_receipt's temporary)
+            continue
         data, problem = _load(path)
         if data is None:
             skip(path, problem)
