@@ -107,7 +107,7 @@ def test_qwen3_stock_boots_with_identical_buffers(tmp_path: Path, capsys: Any) -
     # vLLM derives the grid itself: max size min(max_num_seqs x 2, 512) = 16
     assert "config: FULL_AND_PIECEWISE, capture sizes 1, 2, 4, 8, 16, max_num_seqs 8" in text
     assert "  capacity   16 rows" in text
-    assert "stock vLLM: boots (hidden_states [16, 1024] bfloat16 = 0.03 MiB)" in text
+    assert "stock vLLM (its own order): boots (hidden_states [16, 1024] bfloat16 = 0.03 MiB)" in text
     assert "with the plugin (order descending): boots, 16-row buffers; buffers identical to stock" in text
 
 
@@ -211,7 +211,7 @@ def test_console_script_end_to_end(tmp_path: Path) -> None:
     out = proc.stdout
     assert "  PIECEWISE    4 descriptors, num_tokens 8, 4, 2, 1" in out
     assert "  FULL         3 descriptors, num_tokens 9, 6, 3" in out
-    assert "stock vLLM: crashes at capture" in out and STOCK_CRASH in out
+    assert "stock vLLM (its own order): crashes at capture" in out and STOCK_CRASH in out
     assert "  allocated by  PIECEWISE num_tokens=8" in out
     assert "  did not fit   FULL num_tokens=9 (uniform decode 3 x 3)" in out
     assert "with the plugin (order descending): boots, 9-row buffers" in out

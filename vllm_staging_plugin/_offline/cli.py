@@ -81,7 +81,10 @@ def check(args: argparse.Namespace) -> int:
     print(f"  capacity   {stock_default.capacity} rows")
     print(f"  staging    {describe_buffers(patched_default.buffers)}")
     print()
-    print(f"capture staging replayed under order '{order.order}':")
+    own = "boots" if stock_default.ok else "crashes"
+    print(f"demonstration on this synthetic configuration, not your deployment: vLLM's staging code replayed "
+          f"under the order '{order.order}' (in its own descending order stock vLLM {own} here; "
+          "`check -- <vllm serve args>` checks a deployment):")  # fmt: skip
     for mode, tokens in stock.sequence.items():
         print(f"  {mode:<10} num_tokens {shorten(tokens)}")
     print(f"  stock    {'OK' if stock.ok else 'CRASH'}: {stock.error or describe_buffers(stock.buffers)}")

@@ -35,9 +35,9 @@ def render(result: Preflight) -> str:
     lines.append("")
     stock = result.stock
     if stock.ok:
-        lines.append(f"stock vLLM: boots ({describe_buffers(stock.buffers)})")
+        lines.append(f"stock vLLM (its own order): boots ({describe_buffers(stock.buffers)})")
     else:
-        lines.append("stock vLLM: crashes at capture")
+        lines.append("stock vLLM (its own order): crashes at capture")
         lines.append(f"  allocated by  {stock.allocated_by}")
         lines.append(f"  did not fit   {stock.failed_at}")
         lines.append(f"  vLLM's error  {stock.error}")
