@@ -7,6 +7,7 @@ the claims rest on the contract tests against the real class.
 
 from __future__ import annotations
 
+import sys
 import types
 from dataclasses import dataclass
 from typing import Any
@@ -76,6 +77,16 @@ def make_module(cls: type | None = FakeManager) -> types.ModuleType:
     module = types.ModuleType("vllm.v1.worker.gpu.cudagraph_utils")
     if cls is not None:
         module.ModelCudaGraphManager = cls  # type: ignore[attr-defined]
+    return module
+
+
+def install_fake_module(monkeypatch: Any) -> types.ModuleType:
+    """A fresh fake class where register() looks for vLLM's module, on a supported platform."""
+    from vllm_staging_plugin._engine import compat
+
+    module = make_module(fresh_class())
+    monkeypatch.setitem(sys.modules, compat.CUDAGRAPH_MODULE, module)
+    monkeypatch.setattr(compat, "platform_name", lambda: "cuda")
     return module
 
 

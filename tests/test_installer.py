@@ -8,7 +8,7 @@ import sys
 from typing import Any
 
 import pytest
-from fakes import FULL, PIECEWISE, FakeManager, config, descs, fresh_class, make_module
+from fakes import FULL, PIECEWISE, FakeManager, config, descs, fresh_class, install_fake_module, make_module
 
 import vllm_staging_plugin
 from vllm_staging_plugin._engine import compat, installer, patch
@@ -81,9 +81,7 @@ def test_a_v1_runner_takes_the_patch_hook_away(
 def test_unwrap_leaves_a_foreign_wrapper_and_makes_its_own_a_pass_through(
     monkeypatch: pytest.MonkeyPatch, plugin_log: Any
 ) -> None:
-    cls = fresh_class()
-    monkeypatch.setitem(sys.modules, compat.CUDAGRAPH_MODULE, make_module(cls))
-    monkeypatch.setattr(compat, "platform_name", lambda: "cuda")
+    cls = install_fake_module(monkeypatch).ModelCudaGraphManager
     vllm_staging_plugin.register()
     ours = cls.__dict__["capture"]
 
@@ -153,9 +151,7 @@ def test_a_v2_manager_unwraps_the_v1_guard(monkeypatch: pytest.MonkeyPatch) -> N
 def test_the_foreign_wrapper_warning_word_for_word_and_once(
     monkeypatch: pytest.MonkeyPatch, plugin_log: Any
 ) -> None:
-    cls = fresh_class()
-    monkeypatch.setitem(sys.modules, compat.CUDAGRAPH_MODULE, make_module(cls))
-    monkeypatch.setattr(compat, "platform_name", lambda: "cuda")
+    cls = install_fake_module(monkeypatch).ModelCudaGraphManager
     vllm_staging_plugin.register()
     ours = {name: cls.__dict__[name] for name in ("__init__", "capture")}
     for name, wrapper in ours.items():  # another tool wraps both after us

@@ -19,7 +19,7 @@ from typing import Any, ClassVar
 import pytest
 import torch
 import torch.distributed as dist
-from fakes import FULL, PIECEWISE, config, descs, fresh_class, make_module
+from fakes import FULL, PIECEWISE, config, descs, fresh_class, install_fake_module, make_module
 
 import vllm_staging_plugin
 from vllm_staging_plugin._engine import agreement, compat, installer, patch, policies, runner_guard, staging
@@ -74,10 +74,7 @@ def test_standing_down_when_the_class_is_already_stock(plugin_log: Any) -> None:
 
 
 def _fake_module(monkeypatch: pytest.MonkeyPatch) -> Any:
-    module = make_module(fresh_class())
-    monkeypatch.setitem(sys.modules, MODULE, module)
-    monkeypatch.setattr(compat, "platform_name", lambda: "cuda")
-    return module
+    return install_fake_module(monkeypatch)
 
 
 @pytest.mark.parametrize(

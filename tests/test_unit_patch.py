@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 import torch
-from fakes import FULL, PIECEWISE, FakeManager, config, descs, fresh_class, make_module
+from fakes import FULL, PIECEWISE, FakeManager, config, descs, fresh_class, install_fake_module, make_module
 
 import vllm_staging_plugin
 from vllm_staging_plugin._engine import compat, installer, patch, staging
@@ -32,9 +32,7 @@ def ascending(manager: Any) -> None:
 @pytest.fixture
 def fake_module(monkeypatch: pytest.MonkeyPatch) -> Any:
     """The fake class installed where register() looks for vLLM's module, on a supported platform."""
-    module = make_module(fresh_class())
-    monkeypatch.setitem(sys.modules, MODULE, module)
-    monkeypatch.setattr(compat, "platform_name", lambda: "cuda")
+    module = install_fake_module(monkeypatch)
     yield module
     patch.unpatch(module.ModelCudaGraphManager)
 

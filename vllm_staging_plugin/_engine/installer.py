@@ -17,11 +17,11 @@ from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any
 
+from .compat import CUDAGRAPH_MODULE
 from .import_hook import pending, remove_hooks, when_imported
 
 logger = logging.getLogger("vllm.staging_plugin")
 
-CUDAGRAPH_MODULE = "vllm.v1.worker.gpu.cudagraph_utils"
 V1_RUNNER_MODULE = "vllm.v1.worker.gpu_model_runner"
 RAY_PREFIXES_VARIABLE = "VLLM_RAY_EXTRA_ENV_VAR_PREFIXES_TO_COPY"
 PLUGIN_PREFIX = "STAGING_PLUGIN_"

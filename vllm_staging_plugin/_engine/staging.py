@@ -20,7 +20,7 @@ import torch
 
 from .compat import STAGING_INITIAL
 from .settings import DEFAULT_ORDER, ENV_ORDER, Settings
-from .sizing import Descriptor, staging_capacity
+from .sizing import Descriptor, staging_bytes, staging_capacity
 
 STAGING_ATTRS = tuple(STAGING_INITIAL)
 STATE_ATTR = "_vllm_staging"  # per manager: its ManagerState, in the instance __dict__
@@ -65,8 +65,6 @@ def staging_tensors(manager: object) -> dict[str, torch.Tensor]:
 
 def staging_buffer_bytes(manager: object) -> dict[str, dict[str, Any]]:
     """Rows, shape, dtype and bytes of each allocated staging buffer, by name (receipts, replays)."""
-    from .sizing import staging_bytes
-
     return {
         name: {
             "rows": int(t.shape[0]),
