@@ -81,6 +81,15 @@ EAGLE3_DRAFT_06B: dict[str, Any] = {
     "rms_norm_eps": 1e-06, "max_position_embeddings": 40960, "rope_theta": 1000000, "vocab_size": 151936,
     "draft_vocab_size": 151936, "bos_token_id": 151643, "eos_token_id": 151645, "tie_word_embeddings": False,
 }  # fmt: skip
+KIMI_LINEAR_DENSE = KIMI_LINEAR_4L | {"num_experts": None}
+KIMI_ISSUE10: dict[str, Any] = {
+    "speculative_config": {"method": "ngram", "num_speculative_tokens": 2, "prompt_lookup_max": 2,
+                           "prompt_lookup_min": 1},
+    "use_replayssm": True,
+    "max_num_seqs": 4,
+    "compilation_config": {"cudagraph_capture_sizes": [1, 2, 4, 8, 16]},
+}  # fmt: skip
+KIMI_ENV = {"VLLM_KIMI_K3_GEMM_AR": "0", "VLLM_ENABLE_GEMM_RS": "0"}
 DRAFT = "@DRAFT@"  # replaced by the draft's folder
 
 
@@ -100,20 +109,29 @@ MODELS: dict[str, ModelSpec] = {
     # issue 10: vLLM turns on KDA recover-SSM (spec decode + --use-replayssm) and caps PIECEWISE at
     # max_num_seqs x (1 + 2) = 12 -> PIECEWISE 8, 4, 2, 1 then FULL 9, 6, 3. No attention_backend: its MLA
     # layer needs an MLA backend, which vLLM picks. No nvidia-cutlass-dsl on the GPU image: GEMM_AR/RS off.
-    "kimi-linear-4l": ModelSpec(
-        KIMI_LINEAR_4L,
+    "kimi-linear-4l": ModelSpec(KIMI_LINEAR_4L, KIMI_ISSUE10, env=KIMI_ENV),
+    # issue 17.5: the same shape without experts (num_experts null: a dense MLP, no fused-MoE kernel) and
+    # the same recover-SSM plan as kimi-linear-4l (issue 10's settings).
+    "kimi-linear-4l-dense": ModelSpec(KIMI_LINEAR_DENSE, KIMI_ISSUE10, env=KIMI_ENV),
+    # The Kimi-K3 deployment widths: n-gram 8 tokens (decode_query_len 9), max_num_seqs 48, a power-of-two
+    # grid to 512 -> PIECEWISE 256 ... 1 (capped at 48 x 9 = 432), then FULL 261, 135, 72, 36, 18, 9.
+    "kimi-linear-4l-dense-k3": ModelSpec(
+        KIMI_LINEAR_DENSE,
         {
-            "speculative_config": {
-                "method": "ngram",
-                "num_speculative_tokens": 2,
-                "prompt_lookup_max": 2,
-                "prompt_lookup_min": 1,
-            },
+            "speculative_config": {"method": "ngram", "num_speculative_tokens": 8, "prompt_lookup_max": 2,
+                                   "prompt_lookup_min": 1},
             "use_replayssm": True,
-            "max_num_seqs": 4,
-            "compilation_config": {"cudagraph_capture_sizes": [1, 2, 4, 8, 16]},
+            "max_num_seqs": 48,
+            "compilation_config": {"cudagraph_capture_sizes": [1, 2, 4, 8, 16, 32, 64, 128, 256, 512]},
         },
-        env={"VLLM_KIMI_K3_GEMM_AR": "0", "VLLM_ENABLE_GEMM_RS": "0"},
+        env=KIMI_ENV,
+    ),  # fmt: skip
+    # The control: issue 10's settings with vLLM's own derived grid, which stock boots (the pre-flight
+    # says so on CPU): what fails after capture without the plugin at all.
+    "kimi-linear-4l-dense-safe": ModelSpec(
+        KIMI_LINEAR_DENSE,
+        {k: v for k, v in KIMI_ISSUE10.items() if k != "compilation_config"},
+        env=KIMI_ENV,
     ),
     # issue 11.2: aux_hidden_states; FULL descriptors are multiples of 3, PIECEWISE go up to 512.
     "qwen3-0.6b-eagle3": ModelSpec(
@@ -607,12 +625,13 @@ def validate(args: argparse.Namespace) -> int:
         problems = []
         config = get_config(kwargs["model"], trust_remote_code=False)
         summary = f"{type(config).__name__} {config.architectures}"
-        if name == "kimi-linear-4l":
+        if name.startswith("kimi-linear-4l"):
             kda = [i for i in range(config.num_hidden_layers) if config.is_kda_layer(i)]
             summary += (
                 f" kda layers {kda} moe={config.is_moe} mla={config.is_mla} linear={config.is_linear_attn}"
             )
-            if kda != [0, 1, 2] or not (config.is_moe and config.is_mla and config.is_linear_attn):
+            moe = name == "kimi-linear-4l"
+            if kda != [0, 1, 2] or config.is_moe != moe or not (config.is_mla and config.is_linear_attn):
                 problems.append("KDA/MLA/MoE layout")
         spec = kwargs.get("speculative_config", {})
         if spec.get("method") == "eagle3":

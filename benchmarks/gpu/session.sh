@@ -2,7 +2,7 @@
 # One GPU-machine call per stage, each planned to end within STAGE_BUDGET seconds (default 510 = 8.5 min,
 # under the 10-minute limit of one call). Run from the project root on the GPU machine after the payload
 # is staged (bash .gpu/pK/device-stage.sh for every part; the last prints READY):
-#   bash benchmarks/gpu/session.sh kda|tp|pp-eagle3|parallel|decode|eagle3|ray
+#   bash benchmarks/gpu/session.sh kda|kda-dense|tp|pp-eagle3|parallel|decode|eagle3|ray
 # It installs the plugin into /tmp/site (so vLLM finds its entry point the real way), runs the stage's
 # boots under a deadline (no boot starts unless 1.3x the median boot still fits) and an outer `timeout`,
 # packs records, receipts, trimmed logs (full logs too while small), versions and the summary into
@@ -13,6 +13,10 @@
 #   kda        Kimi-Linear 4-layer shape, n-gram 2 tokens, --use-replayssm, max_num_seqs 4, grid [1..16]
 #              (issue 10): vanilla x3 and plugin x3 through vllm.LLM, one `vllm serve` per arm answering a
 #              completion; 2 boots at once, one per GPU.                               about 5-6 min
+#   kda-dense  issue 17.5: Kimi-Linear 4-layer shape without experts, issue 10's settings and the K3 widths
+#              (n-gram 8 tokens, max_num_seqs 48, grid 1..512 powers of two), vanilla x3 / plugin x3 each,
+#              and a control (vLLM's derived grid, stock-safe) vanilla x3; one `vllm serve` per arm; two
+#              boots at a time on one GPU.                                           2 calls of ~9 min
 #   tp         Qwen3-0.6B tensor_parallel_size=2: stock/plugin under ascending, vanilla/plugin under
 #              descending (N=1), and `vllm serve --tensor-parallel-size 2` with the plugin under
 #              ascending (issue 11.1).                                                 about 5 min
@@ -30,7 +34,7 @@
 #   decode     steady-state decode tokens/s, vanilla vs plugin under the default order, batch 1 and 64,
 #              Qwen3-0.6B on GPU 0 and Qwen3-8B on GPU 1, N=3 ABBA (issue 13.5).       about 5 min
 set -uo pipefail
-stage=${1:?usage: bash benchmarks/gpu/session.sh kda|tp|pp-eagle3|parallel|decode|eagle3|ray}
+stage=${1:?usage: bash benchmarks/gpu/session.sh kda|kda-dense|tp|pp-eagle3|parallel|decode|eagle3|ray}
 here=$(cd "$(dirname "$0")" && pwd)
 cd "$here/../.."
 root=$(pwd)
@@ -69,6 +73,14 @@ case $stage in
   kda)
     study --models kimi-linear-4l --plan vanilla@descending,plugin@descending --fill-to 3 \
           --serve-plan vanilla@descending,plugin@descending --concurrent 2 --boot-timeout 420 ;;
+  kda-dense)
+    # issue 17.5 on one GPU, two boots at a time on it: the dense 4-layer shape (no experts) at issue 10's
+    # settings and at the Kimi-K3 widths, vanilla vs plugin x3, after the control (vLLM's derived grid,
+    # which stock boots) vanilla x3; one `vllm serve` per arm answering a completion.
+    study --models kimi-linear-4l-dense-safe --plan vanilla@descending --fill-to 3 \
+          --serve-plan vanilla@descending --concurrent 2 --per-gpu 2 --boot-timeout 420
+    study --models kimi-linear-4l-dense,kimi-linear-4l-dense-k3 --plan vanilla@descending,plugin@descending \
+          --fill-to 3 --serve-plan vanilla@descending,plugin@descending --concurrent 2 --per-gpu 2 --boot-timeout 420 ;;
   tp)
     study --models qwen3-0.6b --tp 2 --plan "$asc_desc" --fill-to 1 --serve-plan plugin@ascending ;;
   pp-eagle3)
