@@ -130,6 +130,23 @@ MODELS: dict[str, ModelSpec] = {
         },
         env=KIMI_ENV,
     ),
+    # The K3 widths with the pre-flight's verified workaround (`check` adds 261 to the grid: PIECEWISE 261
+    # is captured first): stock boots it, so vanilla here is the control at the K3 widths.
+    "kimi-linear-4l-dense-k3-workaround": ModelSpec(
+        KIMI_LINEAR_DENSE,
+        {
+            "speculative_config": {
+                "method": "ngram",
+                "num_speculative_tokens": 8,
+                "prompt_lookup_max": 2,
+                "prompt_lookup_min": 1,
+            },
+            "use_replayssm": True,
+            "max_num_seqs": 48,
+            "compilation_config": {"cudagraph_capture_sizes": [1, 2, 4, 8, 16, 32, 64, 128, 256, 261, 512]},
+        },
+        env=KIMI_ENV,
+    ),
     # The control: issue 10's settings with vLLM's own derived grid, which stock boots (the pre-flight
     # says so on CPU): what fails after capture without the plugin at all.
     "kimi-linear-4l-dense-safe": ModelSpec(

@@ -2,7 +2,7 @@
 # One GPU-machine call per stage, each planned to end within STAGE_BUDGET seconds (default 510 = 8.5 min,
 # under the 10-minute limit of one call). Run from the project root on the GPU machine after the payload
 # is staged (bash .gpu/pK/device-stage.sh for every part; the last prints READY):
-#   bash benchmarks/gpu/session.sh kda|kda-dense|tp|pp-eagle3|parallel|decode|eagle3|ray
+#   bash benchmarks/gpu/session.sh kda|kda-dense|k3-control|tp|pp-eagle3|parallel|decode|eagle3|ray
 # It installs the plugin into /tmp/site (so vLLM finds its entry point the real way), runs the stage's
 # boots under a deadline (no boot starts unless 1.3x the median boot still fits) and an outer `timeout`,
 # packs records, receipts, trimmed logs (full logs too while small), versions and the summary into
@@ -17,6 +17,8 @@
 #              (n-gram 8 tokens, max_num_seqs 48, grid 1..512 powers of two), vanilla x3 / plugin x3 each,
 #              and a control (vLLM's derived grid, stock-safe) vanilla x3; one `vllm serve` per arm; two
 #              boots at a time on one GPU.                                           2 calls of ~9 min
+#   k3-control the K3 widths with the pre-flight's verified stock workaround (grid + 261), vanilla x3 and
+#              one `vllm serve` (issue 17.5).                                        about 3 min
 #   tp         Qwen3-0.6B tensor_parallel_size=2: stock/plugin under ascending, vanilla/plugin under
 #              descending (N=1), and `vllm serve --tensor-parallel-size 2` with the plugin under
 #              ascending (issue 11.1).                                                 about 5 min
@@ -34,7 +36,7 @@
 #   decode     steady-state decode tokens/s, vanilla vs plugin under the default order, batch 1 and 64,
 #              Qwen3-0.6B on GPU 0 and Qwen3-8B on GPU 1, N=3 ABBA (issue 13.5).       about 5 min
 set -uo pipefail
-stage=${1:?usage: bash benchmarks/gpu/session.sh kda|kda-dense|tp|pp-eagle3|parallel|decode|eagle3|ray}
+stage=${1:?usage: bash benchmarks/gpu/session.sh kda|kda-dense|k3-control|tp|pp-eagle3|parallel|decode|eagle3|ray}
 here=$(cd "$(dirname "$0")" && pwd)
 cd "$here/../.."
 root=$(pwd)
@@ -81,6 +83,11 @@ case $stage in
           --serve-plan vanilla@descending --concurrent 2 --per-gpu 2 --boot-timeout 420
     study --models kimi-linear-4l-dense,kimi-linear-4l-dense-k3 --plan vanilla@descending,plugin@descending \
           --fill-to 3 --serve-plan vanilla@descending,plugin@descending --concurrent 2 --per-gpu 2 --boot-timeout 420 ;;
+  k3-control)
+    # issue 17.5, second call: the K3 widths with the pre-flight's stock workaround (grid + 261), plugin
+    # not loaded, x3 and one `vllm serve`: the control at the K3 widths (and the workaround on a GPU).
+    study --models kimi-linear-4l-dense-k3-workaround --plan vanilla@descending --fill-to 3 \
+          --serve-plan vanilla@descending --concurrent 2 --per-gpu 2 --boot-timeout 420 ;;
   tp)
     study --models qwen3-0.6b --tp 2 --plan "$asc_desc" --fill-to 1 --serve-plan plugin@ascending ;;
   pp-eagle3)
