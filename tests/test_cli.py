@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
@@ -42,11 +43,14 @@ def test_bad_configuration_is_reported_with_exit_2(capsys: Any, monkeypatch: pyt
     )
 
 
-def test_json_and_gpu_need_serve_arguments() -> None:
-    """They belong to the pre-flight (`check -- ARGS`); the main job refuses them (argparse, exit 2)."""
-    with pytest.raises(SystemExit) as exc:
-        main(["check", "--json"])
-    assert exc.value.code == 2
+def test_json_and_gpu_need_serve_arguments(capsys: Any) -> None:
+    """They belong to the pre-flight (`check -- ARGS`); the main job refuses them with exit 2, and with
+    --json as one JSON object."""
+    assert main(["check", "--json"]) == 2
+    out = json.loads(capsys.readouterr().out)
+    assert out["error"] == "bad arguments" and "add `-- MODEL [vllm serve arguments]`" in out["message"]
+    assert main(["check", "--gpus", "2"]) == 2
+    assert "--gpus belong to the pre-flight" in capsys.readouterr().err
 
 
 def test_main_job_says_not_installed(capsys: Any, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -252,4 +252,4 @@ def test_a_model_without_the_separator_gets_the_right_form(capsys: Any) -> None:
     assert main(["check", "./kimi-linear", "--max-num-seqs", "4"]) == 2
     err = capsys.readouterr().err
     assert "'./kimi-linear' looks like a model" in err
-    assert "vllm-staging-plugin check [--order O] [--json] -- MODEL [vllm serve arguments]" in err
+    assert "as in: vllm-staging-plugin check [options] -- MODEL [vllm serve arguments]" in err

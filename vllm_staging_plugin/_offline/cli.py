@@ -1,17 +1,19 @@
-"""``vllm-staging-plugin``: check an installation on CPU (default), pre-flight ``vllm serve`` arguments
-(``check -- ARGS``) and compare receipts (``report``)."""
+"""The ``vllm-staging-plugin`` command: check an installation (the default), pre-flight ``vllm serve``
+arguments (``check -- MODEL ...``) and compare receipts (``report``)."""
 
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from .. import __version__
 from .._engine.settings import ENV_ORDER, ENV_PRESIZE, ConfigError, Settings, read_settings
 from .preflight import GPUS
+from .quiet import quiet_logs
 from .text import describe_buffers, shorten
 
 # The main job shows a crash and its fix; the pre-flight (`check -- ARGS`) defaults to vLLM's own order.
@@ -112,33 +114,159 @@ def report_command(args: argparse.Namespace) -> int:
     return 0
 
 
+DESCRIPTION = """\
+Pre-size vLLM's CUDA-graph staging buffers, and check a deployment before it boots.
+
+commands:
+  check     (the default) without `--`: what is installed, whether the plugin would patch this vLLM,
+            and a demonstration replay on a synthetic configuration. With `-- MODEL [vllm serve
+            arguments]`: pre-flight that deployment on this machine, GPU or not (docs/preflight.md)
+  report    compare the receipts gathered under STAGING_PLUGIN_RECEIPTS_DIR (docs/receipts.md)
+
+`vllm-staging-plugin COMMAND --help` explains each command's options and exit codes.
+"""
+CHECK_USAGE = "vllm-staging-plugin check [options] [-- MODEL [vllm serve arguments]]"
+PREFLIGHT_FORM = "vllm-staging-plugin check [options] -- MODEL [vllm serve arguments]"
+CHECK_EPILOG = """\
+exit codes:
+  0  the plugin boots it (pre-flight), or the plugin would patch this vLLM (without `--`).
+     Stock vLLM may still crash: the line "stock vLLM (its own order)" says, and so does
+     "stock": {"ok": ...} with --json, next to "stock_workaround", a grid stock vLLM boots
+  1  it does not boot even with the plugin, or the plugin would not patch this vLLM
+  2  bad arguments: vLLM rejects the `vllm serve` arguments, a missing model folder, a bad
+     --order or STAGING_PLUGIN_ORDER (the message names which)
+  3  cannot check on this machine: vLLM cannot inspect the model or the configuration here
+     (the message says what to do); --json prints one object with "error" and "message"
+
+examples:
+  vllm-staging-plugin check
+  vllm-staging-plugin check -- ./my-model --max-num-seqs 48 --use-replayssm \\
+      --speculative-config '{"method": "ngram", "num_speculative_tokens": 8, "prompt_lookup_max": 2}'
+  vllm-staging-plugin check --json --gpu h100 -- ./my-model --tensor-parallel-size 8
+"""
+REPORT_EPILOG = """\
+The directory is what STAGING_PLUGIN_RECEIPTS_DIR pointed at: every *.json file below it (any name,
+any depth) is read; a file that is not a receipt (not JSON, or JSON without a receipt's fields) is
+skipped with one warning naming it.
+
+exit codes:
+  0  the table was printed
+  1  no capture receipt could be read there (the message says why)
+  2  bad arguments
+"""
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, except that with ``--json`` a refusal is one JSON object on stdout (exit 2)."""
+
+    json_errors = False
+
+    def error(self, message: str) -> NoReturn:
+        """One line (no usage dump): what is wrong and where the options are explained."""
+        _refuse(f"{message} (`{self.prog} --help` explains the options)", _Parser.json_errors, self.prog)
+
+
+def _refuse(message: str, as_json: bool, prog: str = "vllm-staging-plugin check") -> NoReturn:
+    if as_json:
+        print(json.dumps({"plugin_version": __version__, "exit_code": 2, "error": "bad arguments",
+                          "message": message}))  # fmt: skip
+    else:
+        print(f"{prog}: {message}", file=sys.stderr)
+    raise SystemExit(2)
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="vllm-staging-plugin", description=__doc__)
+    raw = argparse.RawDescriptionHelpFormatter
+    parser = _Parser(prog="vllm-staging-plugin", description=DESCRIPTION, formatter_class=raw)
     parser.add_argument("--version", action="version", version=__version__)
-    sub = parser.add_subparsers(dest="command")
+    sub = parser.add_subparsers(dest="command", metavar="{check,report}")
     chk = sub.add_parser(
         "check",
-        help="(default) inspect vLLM and replay capture staging on CPU; with `-- ARGS`, pre-flight the "
-        "arguments you would give `vllm serve` (docs/preflight.md)",
-        usage="%(prog)s [--order O] [--mode M] ... | %(prog)s [--order O] [--json] [--gpu G] -- SERVE_ARGS",
+        help="check this installation, or pre-flight `-- MODEL [vllm serve arguments]`",
+        usage=CHECK_USAGE,
+        description="Without `--`: what is installed, whether the plugin would patch it, and a replay of "
+        "vLLM's real staging code on a synthetic configuration. With `-- MODEL [vllm serve arguments]`: "
+        "the arguments go through vLLM's own `vllm serve` parser and config, and the capture plan vLLM "
+        "would build is replayed stock (in vLLM's own order) and with the plugin, on CPU.",
+        epilog=CHECK_EPILOG,
+        formatter_class=raw,
     )
-    chk.add_argument("--order", default=None, help="order to replay (default: ascending; after `--`: "
-                     "$STAGING_PLUGIN_ORDER or descending, vLLM's own)")  # fmt: skip
-    chk.add_argument("--json", action="store_true", help="pre-flight only: print one JSON object")
-    chk.add_argument("--gpu", choices=sorted(GPUS), default=None,
-                     help="pre-flight only: the GPU emulated where there is none (default h200)")  # fmt: skip
-    chk.add_argument("--mode", default="FULL_AND_PIECEWISE", help="cudagraph mode")
-    chk.add_argument("--max-size", type=int, default=512, help="largest capture size")
-    chk.add_argument("--max-num-seqs", type=int, default=128)
-    chk.add_argument("--hidden-size", type=int, default=4096)
-    rep = sub.add_parser("report", help="compare receipts per configuration and order policy")
-    rep.add_argument(
-        "directory",
-        help="where STAGING_PLUGIN_RECEIPTS_DIR receipts were gathered: every *.json below it is read "
-        "(recursively); other JSON files are skipped with one warning each",
+    both = chk.add_argument_group("options")
+    both.add_argument(
+        "--order",
+        default=None,
+        metavar="ORDER",
+        help="capture order to replay with the plugin: descending (vLLM's own), ascending, "
+        "max-first, shuffle:SEED, or a registered policy. Default: with `--`, "
+        "$STAGING_PLUGIN_ORDER or descending; without, ascending (the demonstration)",
     )
-    rep.add_argument("--plot", metavar="FILE.png", help="also draw the comparison (needs [plot])")
+    both.add_argument(
+        "-v",
+        "--verbose",
+        action="store_true",
+        help="show vLLM's INFO logs and the warnings every machine without a GPU prints (hidden by default)",
+    )
+    pre = chk.add_argument_group("pre-flight options (with `-- MODEL ...`)")
+    pre.add_argument("--json", action="store_true", help="print one JSON object on stdout, also on errors")
+    pre.add_argument(
+        "--gpu",
+        choices=sorted(GPUS),
+        default=None,
+        help="the GPU emulated on a machine without one (default h200); a GPU host uses its own",
+    )
+    pre.add_argument(
+        "--gpus",
+        type=_positive,
+        default=None,
+        metavar="N",
+        help="GPUs on the emulated node (default: what the deployment uses on one node: "
+        "tensor x pipeline x local data parallel)",
+    )
+    demo = chk.add_argument_group("demonstration options (without `--`)")
+    demo.add_argument(
+        "--mode",
+        default="FULL_AND_PIECEWISE",
+        metavar="MODE",
+        help="cudagraph mode of the synthetic configuration: FULL_AND_PIECEWISE (default), "
+        "FULL, FULL_DECODE_ONLY or PIECEWISE",
+    )
+    demo.add_argument(
+        "--max-size",
+        type=_positive,
+        default=512,
+        metavar="N",
+        help="largest capture size of its grid (vLLM's default grid up to N; default 512)",
+    )
+    demo.add_argument(
+        "--max-num-seqs", type=_positive, default=128, metavar="N", help="its max_num_seqs (default 128)"
+    )
+    demo.add_argument(
+        "--hidden-size",
+        type=_positive,
+        default=4096,
+        metavar="N",
+        help="its hidden size, the staging buffers' width (default 4096, Qwen3-8B)",
+    )
+    rep = sub.add_parser(
+        "report",
+        help="compare receipts per configuration and order policy",
+        description="One table of what each capture staged and cost, per configuration, order and rank.",
+        epilog=REPORT_EPILOG,
+        formatter_class=raw,
+    )
+    rep.add_argument("directory", help="where STAGING_PLUGIN_RECEIPTS_DIR receipts were gathered")
+    rep.add_argument("--plot", metavar="FILE.png", help="also draw the comparison (needs the [plot] extra)")
     return parser
+
+
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: must be 1 or more")
+    return value
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -150,22 +278,34 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not words or (words[0].startswith("-") and words[0] not in ("-h", "--help", "--version")):
         words.insert(0, "check")  # the default command takes its options without naming it
     parser = build_parser()
+    _Parser.json_errors = "--json" in words
+    try:
+        return _run(parser, words, serve_args)
+    except SystemExit as exc:  # argparse's refusals and --help, as exit codes
+        return exc.code if isinstance(exc.code, int) else 2
+    finally:
+        _Parser.json_errors = False
+
+
+def _run(parser: argparse.ArgumentParser, words: list[str], serve_args: list[str] | None) -> int:
     args, unknown = parser.parse_known_args(words)
     if unknown and args.command != "report" and serve_args is None and not unknown[0].startswith("-"):
-        print(f"vllm-staging-plugin check: {unknown[0]!r} looks like a model: the vllm serve arguments go "
-              "after `--`, as in: vllm-staging-plugin check [--order O] [--json] -- MODEL "
-              "[vllm serve arguments]", file=sys.stderr)  # fmt: skip
-        return 2
+        _refuse(f"{unknown[0]!r} looks like a model: the vllm serve arguments go after `--`, as in: "
+                f"{PREFLIGHT_FORM}", as_json=args.json)  # fmt: skip
     if unknown:
         parser.error(f"unrecognized arguments: {' '.join(unknown)}")
     if args.command == "report":
         if serve_args is not None:
-            parser.error("report takes no `-- VLLM_SERVE_ARGS`")
+            parser.error("report takes no `-- MODEL [vllm serve arguments]`")
         return report_command(args)
-    if serve_args is not None:
-        from . import preflight
+    if serve_args is not None and not serve_args:
+        _refuse(f"nothing after `--`: {PREFLIGHT_FORM}", args.json)
+    with quiet_logs(args.verbose):
+        if serve_args is not None:
+            from . import preflight
 
-        return preflight.main(serve_args, args.order, args.json, args.gpu or "h200")
-    if args.json or args.gpu:
-        parser.error("--json and --gpu need `-- VLLM_SERVE_ARGS` (the pre-flight); see docs/preflight.md")
-    return check(args)
+            return preflight.main(serve_args, args.order, args.json, args.gpu or "h200", args.gpus)
+        if args.json or args.gpu or args.gpus:
+            pre = "--json, --gpu and --gpus belong to the pre-flight: add `-- MODEL [vllm serve arguments]`"
+            _refuse(pre, args.json)
+        return check(args)

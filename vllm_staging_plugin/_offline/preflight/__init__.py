@@ -15,21 +15,23 @@ import json
 import os
 import sys
 from collections.abc import Iterator, Sequence
+from typing import Any
 
 from ... import __version__
 from ..._engine.settings import ENV_ORDER, ConfigError, Settings
+from . import workaround
 from .configure import (
     GPU_HOST,
     BadArguments,
     CannotCheckHere,
+    check_model_early,
     create_engine_config,
     manager_inputs,
     parse_serve_arguments,
 )
-from .platform import GPUS, Gpu, platform_for_check, platform_json
+from .platform import GPUS, Gpu, node_gpus, platform_for_check, platform_json
 from .render import render
-from .replay import plugin_environment, replay_arm
-from .result import Preflight
+from .result import Preflight, StageResult
 
 __all__ = ["EXIT_BAD_ARGUMENTS", "EXIT_BOOTS", "EXIT_CANNOT_CHECK_HERE", "EXIT_FAILS", "GPUS", "main", "run"]
 EXIT_BOOTS, EXIT_FAILS, EXIT_BAD_ARGUMENTS, EXIT_CANNOT_CHECK_HERE = 0, 1, 2, 3
@@ -65,15 +67,22 @@ def _logs_to_stderr() -> Iterator[None]:
 
 
 def run(
-    argv: Sequence[str], order: str = "descending", gpu: Gpu = GPUS["h200"], order_from: str = "--order"
+    argv: Sequence[str],
+    order: str = "descending",
+    gpu: Gpu = GPUS["h200"],
+    order_from: str = "--order",
+    gpus: int | None = None,
 ) -> Preflight:
-    """Parse, configure, build the manager and replay both arms. Raises BadArguments / CannotCheckHere.
+    """Parse, configure, build the manager and replay both arms at every pipeline position; when stock
+    crashes, find and verify a grid that boots it. Raises BadArguments / CannotCheckHere.
 
-    ``order_from`` names where the order came from (the flag or the variable) in a refusal.
+    ``order_from`` names where the order came from (the flag or the variable) in a refusal; ``gpus`` is
+    the emulated node's GPU count (default: what the deployment uses on one node).
     """
     from ..._engine import compat
     from ..._engine.policies import validate_order
     from ..cpu_replay import cudagraph_module
+    from .replay import pipeline_stages, plugin_environment, replay_arm  # torch: only once a check runs
 
     try:
         validate_order(Settings(order=order))
@@ -82,35 +91,60 @@ def run(
         if order_from != ENV_ORDER:
             text = f"{order_from} {text.removeprefix(f'{ENV_ORDER}=')}"
         raise BadArguments(text) from None
+    check_model_early(argv)
     versions = compat.installed_versions()
     if versions["vllm"] is None:
         raise CannotCheckHere("vLLM is not installed in this environment")
     with _environment_kept(), platform_for_check(gpu) as (platform, emulated):
-        # the parser's defaults build a DeviceConfig too, so it runs on the check's platform
-        args = parse_serve_arguments(argv)
-        vllm_config = create_engine_config(args)
-        if not vllm_config.use_v2_model_runner:
-            raise CannotCheckHere(
-                "vLLM picks Model Runner V1 for this configuration: it has no ModelCudaGraphManager, so "
-                "neither the plugin nor this check applies"
-            )
+
+        def configure(words: Sequence[str]) -> Any:
+            # the parser's defaults build a DeviceConfig too, so it runs on the check's platform
+            args = parse_serve_arguments(words)
+            if emulated:
+                type(platform).emulated_count = gpus or node_gpus(args)
+            config = create_engine_config(args)
+            if not config.use_v2_model_runner:
+                raise CannotCheckHere(
+                    "vLLM picks Model Runner V1 for this configuration: it has no ModelCudaGraphManager, "
+                    "so neither the plugin nor this check applies"
+                )
+            return config
+
+        vllm_config = configure(argv)
         try:
             compat.manager_class(cudagraph_module())
         except compat.IncompatibleVllm as exc:
             raise CannotCheckHere(f"this vLLM has no supported manager: {exc}") from exc
         inputs = manager_inputs(vllm_config)
-        stock, plan = replay_arm(vllm_config, inputs, patched=False)
-        with plugin_environment(order):
-            plugin, _ = replay_arm(vllm_config, inputs, patched=True)
+        parallel = vllm_config.parallel_config
+        stages: list[StageResult] = []
+        plan: dict[str, list[int]] = {}
+        for stage in pipeline_stages(int(parallel.pipeline_parallel_size)):
+            stock, plan = replay_arm(vllm_config, inputs, patched=False, stage=stage)
+            with plugin_environment(order):
+                plugin, _ = replay_arm(vllm_config, inputs, patched=True, stage=stage)
+            stages.append(StageResult(stage.index, stage.staged, stock, plugin))
+        compilation = vllm_config.compilation_config
+        sizes = sorted(compilation.cudagraph_capture_sizes or [])
+        fix = None
+        if not all(s.stock.ok for s in stages):
+
+            def stock_check(words: Sequence[str]) -> tuple[bool, dict[str, list[int]], list[int]]:
+                config = configure(words)
+                again = manager_inputs(config)
+                depth = int(config.parallel_config.pipeline_parallel_size)
+                runs = [replay_arm(config, again, patched=False, stage=s) for s in pipeline_stages(depth)]
+                used = sorted(config.compilation_config.cudagraph_capture_sizes or [])
+                return all(arm.ok for arm, _ in runs), runs[-1][1], used
+
+            tokens = int(vllm_config.num_speculative_tokens)
+            fix = workaround.find(argv, sizes, plan, stock_check, tokens, _query_lengths(vllm_config))
     model_config = vllm_config.model_config
-    parallel = vllm_config.parallel_config
     notes = list(inputs.notes)
     if not any(plan.values()):
         notes.append("no CUDA graph is captured (cudagraph mode NONE or no sizes): no staging buffer exists")
-    if parallel.pipeline_parallel_size > 1:
-        notes.append("replayed as the last pipeline rank (hidden_states); other ranks stage "
-                     "intermediate_tensors with the same rows")  # fmt: skip
-    compilation = vllm_config.compilation_config
+    crashed = next((s for s in stages if not s.stock.ok), stages[-1])
+    failed = next((s for s in stages if not s.plugin.ok), stages[-1])
     return Preflight(
         vllm_version=versions["vllm"],
         torch_version=versions["torch"],
@@ -118,7 +152,7 @@ def run(
         model=str(model_config.model),
         architecture=getattr(model_config, "architecture", None),
         cudagraph_mode=inputs.cudagraph_mode,
-        capture_sizes=sorted(compilation.cudagraph_capture_sizes or []),
+        capture_sizes=sizes,
         max_num_seqs=int(vllm_config.scheduler_config.max_num_seqs),
         decode_query_len=inputs.decode_query_len,
         use_kda_recoverssm=bool(getattr(vllm_config.cache_config, "use_kda_recoverssm", False)),
@@ -126,20 +160,43 @@ def run(
         dtype=str(inputs.dtype).removeprefix("torch."),
         capacity=max((n for tokens in plan.values() for n in tokens), default=0),
         sequence=plan,
-        stock=stock,
-        plugin=plugin,
+        stock=crashed.stock,
+        plugin=failed.plugin,
         order=order,
         notes=notes,
+        stages=stages,
+        parallel={
+            "tensor_parallel_size": int(parallel.tensor_parallel_size),
+            "pipeline_parallel_size": int(parallel.pipeline_parallel_size),
+            "data_parallel_size": int(parallel.data_parallel_size),
+            "world_size": int(parallel.world_size),
+            "nnodes": int(getattr(parallel, "nnodes", 1) or 1),
+        },
+        workaround=fix,
     )
 
 
-def main(serve_argv: Sequence[str], order: str | None, as_json: bool, gpu_name: str = "h200") -> int:
+def _query_lengths(vllm_config: Any) -> list[int]:
+    """Every decode query length the FULL descriptors are rounded to: 1 + the speculative tokens, and
+    1 + each tier's tokens under a dynamic schedule."""
+    spec = vllm_config.speculative_config
+    tiers = getattr(spec, "num_speculative_tokens_per_batch_size", None) or []
+    return [int(vllm_config.num_speculative_tokens) + 1, *(1 + int(tier[-1]) for tier in tiers)]
+
+
+def main(
+    serve_argv: Sequence[str],
+    order: str | None,
+    as_json: bool,
+    gpu_name: str = "h200",
+    gpus: int | None = None,
+) -> int:
     """Run the pre-flight and print it; the exit code says whether the plugin boots the configuration."""
     order_from = "--order" if order else ENV_ORDER
     order = order or os.environ.get(ENV_ORDER, "").strip() or "descending"
     try:
         with _logs_to_stderr():
-            result = run(serve_argv, order, GPUS[gpu_name], order_from)
+            result = run(serve_argv, order, GPUS[gpu_name], order_from, gpus)
     except BadArguments as exc:
         return _fail(EXIT_BAD_ARGUMENTS, "bad arguments", str(exc), as_json)
     except CannotCheckHere as exc:
@@ -162,5 +219,5 @@ def _fail(code: int, what: str, message: str, as_json: bool) -> int:
             json.dumps({"plugin_version": __version__, "exit_code": code, "error": what, "message": message})
         )
     else:
-        print(f"vllm-staging-plugin check: {what}:\n{message}", file=sys.stderr)
+        print(f"vllm-staging-plugin check: {what}: {message}", file=sys.stderr)
     return code

@@ -36,7 +36,8 @@ def parse_serve_arguments(argv: Sequence[str]) -> argparse.Namespace:
     except SystemExit as exc:
         if exc.code in (0, None):  # --help
             raise
-        raise BadArguments(errors.getvalue().strip() or f"vllm serve exited with {exc.code}") from None
+        said = [line for line in errors.getvalue().splitlines() if "error:" in line]  # not the usage
+        raise BadArguments(said[-1].strip() if said else f"vllm serve exited with {exc.code}") from None
     except Exception as exc:  # vLLM's own parser raised (a bad enum value in a JSON config: KeyError)
         raise BadArguments(f"{type(exc).__name__}: {exc}") from None
     if getattr(args, "model_tag", None) is not None:
@@ -46,7 +47,16 @@ def parse_serve_arguments(argv: Sequence[str]) -> argparse.Namespace:
     except (ValueError, TypeError) as exc:
         raise BadArguments(f"{type(exc).__name__}: {exc}") from None
     _model_folder_exists(str(args.model))
+    _hub_model_reachable(str(args.model), getattr(args, "revision", None))
     return args
+
+
+def check_model_early(argv: Sequence[str]) -> None:
+    """The model checks of :func:`parse_serve_arguments`, before vLLM is imported (seconds sooner), for
+    the usual form where the model comes first."""
+    if argv and not argv[0].startswith("-"):
+        _model_folder_exists(argv[0])
+        _hub_model_reachable(argv[0], None)
 
 
 def _model_folder_exists(model: str) -> None:
@@ -59,6 +69,47 @@ def _model_folder_exists(model: str) -> None:
     if model.startswith(("/", "./", "../", "~")) and not os.path.isdir(os.path.expanduser(model)):
         what = "a file, not a model folder" if os.path.exists(os.path.expanduser(model)) else "no such folder"
         raise BadArguments(f"model {model!r}: {what} (a local model is a folder holding its config.json)")
+
+
+HUB_TIMEOUT = 3.0  # seconds to wait for the hub's address before saying it cannot be reached
+
+
+def _hub_model_reachable(model: str, revision: str | None) -> None:
+    """A hub name needs its config.json from the cache or the hub: when neither can give it, say so at
+    once (exit 3) instead of letting the hub client retry for half a minute."""
+    import os
+    import socket
+    from urllib.parse import urlparse
+
+    if os.path.isdir(os.path.expanduser(model)) or os.environ.get("VLLM_USE_MODELSCOPE", "").lower() in (
+        "1", "true"):  # fmt: skip
+        return
+    try:
+        from huggingface_hub import try_to_load_from_cache
+        from huggingface_hub.constants import ENDPOINT, HF_HUB_OFFLINE
+    except ImportError:
+        return
+    try:
+        cached = try_to_load_from_cache(model, "config.json", revision=revision)
+    except Exception:  # not a valid repository id: vLLM's own message says so
+        return
+    if isinstance(cached, str):
+        return
+    fix = (f"put its config.json in a folder and give that folder (./{model.rsplit('/', 1)[-1]}), or run "
+           "where the hub is reachable")  # fmt: skip
+    if HF_HUB_OFFLINE:
+        raise CannotCheckHere(
+            f"model {model!r} is not a local folder, not in the Hugging Face cache, and HF_HUB_OFFLINE is "
+            f"set: {fix}"
+        )
+    host = urlparse(ENDPOINT).hostname or "huggingface.co"
+    try:
+        socket.create_connection((host, 443), timeout=HUB_TIMEOUT).close()
+    except OSError as exc:
+        raise CannotCheckHere(
+            f"model {model!r} is not a local folder and the hub ({host}) cannot be reached from this machine "
+            f"({exc}): {fix}"
+        ) from None
 
 
 def create_engine_config(args: argparse.Namespace) -> Any:
@@ -76,11 +127,38 @@ def create_engine_config(args: argparse.Namespace) -> Any:
         ) from exc
     except Exception as exc:
         text = f"{type(exc).__name__}: {exc}"
+        if "'_OpNamespace'" in text:  # a query of vLLM's CUDA kernel library (torch.ops._C), absent here
+            raise CannotCheckHere(
+                f"building the configuration asks vLLM's CUDA kernel library, which this machine does not "
+                f"have ({_first_line(text)}); {GPU_HOST}"
+            ) from exc
         if "failed to be inspected" in text:
             raise CannotCheckHere(
                 f"vLLM cannot inspect the model class on this machine ({_first_line(text)}); {GPU_HOST}"
             ) from exc
-        raise BadArguments(text) from exc
+        if "are not supported for now" in text:  # vLLM appends its 11 KB list of architectures
+            raise BadArguments(
+                f"{condense(text).split('. Supported architectures')[0]}: vLLM {_vllm_version()} does not "
+                "know this architecture (check `architectures` in config.json and the vLLM version)"
+            ) from exc
+        raise BadArguments(condense(text)) from exc
+
+
+def condense(text: str) -> str:
+    """One line from a vLLM refusal: a pydantic ValidationError's own ``Value error, ...`` sentence with
+    the class named, without pydantic's input dump and help link; any other text's lines joined."""
+    import re
+
+    found = re.search(r"validation errors? for (\w+)\s+(?:Value error, )?(.*?)(?:\s*\[type=|$)", text, re.S)
+    if found:
+        return f"{found.group(1)}: {' '.join(found.group(2).split())}"
+    return " ".join(text.split())
+
+
+def _vllm_version() -> str:
+    from ..._engine import compat
+
+    return compat.installed_versions()["vllm"] or "?"
 
 
 def _first_line(text: str) -> str:
@@ -161,6 +239,16 @@ def manager_inputs(vllm_config: Any) -> ManagerInputs:
 
 
 def _aux_layer_count(spec: Any) -> int:
+    """How many auxiliary hidden states the runner stages: vLLM's own reading of the draft's config
+    where this release has it (EAGLE3 ids, DFlash and DSpark target layers), else the EAGLE3 ids or 3."""
+    try:
+        from vllm.v1.worker.gpu.spec_decode.eagle.eagle3_utils import get_eagle3_aux_layers_from_config
+    except ImportError:
+        pass
+    else:
+        ids = get_eagle3_aux_layers_from_config(spec)
+        if ids:
+            return len(ids)
     draft = getattr(getattr(spec, "draft_model_config", None), "hf_config", None)
     for source in (draft, getattr(draft, "eagle_config", None)):
         ids = source.get("eagle_aux_hidden_state_layer_ids") if isinstance(source, dict) else None

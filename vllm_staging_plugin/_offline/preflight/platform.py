@@ -85,6 +85,11 @@ def emulated_platform(gpu: Gpu) -> Any:
         """vLLM's CUDA platform; only the queries that would need a device are answered from ``gpu``."""
 
         emulated_gpu = gpu
+        emulated_count = 1  # GPUs on this node; the pre-flight sets it from the deployment or --gpus
+
+        @classmethod
+        def device_count(cls) -> int:  # vLLM checks a parallel layout against the node's GPUs
+            return cls.emulated_count
 
         @classmethod
         def get_device_capability(cls, device_id: int = 0) -> Any:
@@ -140,6 +145,34 @@ def _preimport() -> None:
     import vllm.v1.worker.gpu.spec_decode.eagle.eagle3_utils  # noqa: F401
 
 
+def _kernel_queries() -> dict[str, Any]:
+    """Answers for the capability questions vLLM's config code asks its CUDA kernel library (quantized
+    checkpoints: which CUTLASS GEMMs the GPU runs), as vLLM's CUDA build answers them: FP8 from sm_89,
+    block FP8 on sm_90 and sm_100, FP4 from sm_100. Asked only where ``torch.ops._C`` lacks them."""
+    return {
+        "cutlass_scaled_mm_supports_fp8": lambda capability: capability >= 89,
+        "cutlass_scaled_mm_supports_block_fp8": lambda capability: capability in (90, 100),
+        "cutlass_scaled_mm_supports_fp4": lambda capability: capability >= 100,
+    }
+
+
+@contextlib.contextmanager
+def _kernel_queries_answered() -> Iterator[None]:
+    import torch
+    import vllm._custom_ops as ops
+
+    answers = {name: fn for name, fn in _kernel_queries().items()
+               if not hasattr(torch.ops._C, name) and hasattr(ops, name)}  # fmt: skip
+    saved = {name: getattr(ops, name) for name in answers}
+    try:
+        for name, fn in answers.items():
+            setattr(ops, name, fn)
+        yield
+    finally:
+        for name, fn in saved.items():
+            setattr(ops, name, fn)
+
+
 @contextlib.contextmanager
 def platform_for_check(gpu: Gpu) -> Iterator[tuple[Any, bool]]:
     """Yield ``(platform, emulated)``: the machine's CUDA/ROCm platform, or the emulated CUDA one.
@@ -166,7 +199,8 @@ def platform_for_check(gpu: Gpu) -> Iterator[tuple[Any, bool]]:
         for module in list(sys.modules.values()):
             if _binds(module, machine):
                 setattr(module, "current_platform", emulated)  # noqa: B010
-        yield emulated, True
+        with _kernel_queries_answered():
+            yield emulated, True
     finally:
         vllm.platforms.current_platform = machine
         config_module.HAS_TRITON = had_triton
@@ -185,9 +219,25 @@ def _binds(module: Any, platform: Any) -> bool:
     )
 
 
+def node_gpus(args: Any) -> int:
+    """The GPUs one node of this deployment uses: each engine's world (TP x PP x prefill-context
+    parallel) times the engines on this node (``--data-parallel-size-local``), else every engine's
+    GPUs spread over ``--nnodes``. The emulated node has that many unless ``--gpus`` says otherwise."""
+    world = 1
+    for name in ("tensor_parallel_size", "pipeline_parallel_size", "prefill_context_parallel_size"):
+        world *= max(1, int(getattr(args, name, 1) or 1))
+    local = getattr(args, "data_parallel_size_local", None)
+    if local is not None:
+        return world * max(1, int(local))
+    dp = max(1, int(getattr(args, "data_parallel_size", 1) or 1))
+    nnodes = max(1, int(getattr(args, "nnodes", 1) or 1))
+    return max(1, -(-world * dp // nnodes))
+
+
 def platform_json(platform: Any, emulated: bool, gpu: Gpu) -> dict[str, Any]:
     if emulated:
         return {"name": "cuda", "emulated": True, "gpu": gpu.name, "capability": list(gpu.capability),
-                "memory_bytes": gpu.memory_bytes}  # fmt: skip
+                "memory_bytes": gpu.memory_bytes, "gpus": type(platform).emulated_count}  # fmt: skip
     return {"name": str(platform.device_name), "emulated": False, "gpu": platform.get_device_name(),
-            "capability": None, "memory_bytes": platform.get_device_total_memory()}  # fmt: skip
+            "capability": None, "memory_bytes": platform.get_device_total_memory(),
+            "gpus": platform.device_count()}  # fmt: skip

@@ -48,6 +48,20 @@ def render(result: Preflight) -> str:
     else:
         why = result.plugin.error or f"buffers hold fewer than {result.capacity} rows"
         lines.append(f"with the plugin (order {result.order}): does NOT boot: {why}")
+    lines.append(f"ranks: {result.ranks_replayed}")
+    fix = result.workaround
+    if fix is not None:
+        lines.append("")
+        if fix.verified:
+            more = f"{fix.extra_graphs} more CUDA graph{'s' if fix.extra_graphs != 1 else ''}"
+            lines.append(f"without the plugin: give vLLM this grid instead of yours ({more}; stock vLLM "
+                         "replayed with it boots):")  # fmt: skip
+            lines.append(f"  {fix.argument}")
+        else:
+            lines.append(f"without the plugin: no grid found that stock vLLM boots ({fix.note})")
+        if fix.nearby_widths:
+            widths = " or ".join(str(w) for w in fix.nearby_widths)
+            lines.append(f"  or keep your grid with {widths} speculative tokens: stock vLLM boots that too")
     if result.notes:
         lines.append("")
         lines.extend(f"note: {note}" for note in result.notes)

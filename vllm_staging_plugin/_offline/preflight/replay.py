@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any
 
 from ..._engine.settings import ENV_DISABLE, ENV_ORDER, ENV_PRESIZE, ENV_RECEIPTS_DIR, ENV_STRICT
@@ -41,8 +42,33 @@ def plugin_environment(order: str) -> Iterator[None]:
         yield
 
 
-def replay_arm(vllm_config: Any, inputs: ManagerInputs, patched: bool) -> tuple[Arm, dict[str, list[int]]]:
-    """One real capture() of a manager built from ``vllm_config``; returns the arm and vLLM's plan."""
+@dataclass(frozen=True)
+class Stage:
+    """A pipeline position: which staging path its ranks take (``intermediate_tensors`` before the last)."""
+
+    index: int
+    first: bool
+    last: bool
+
+    @property
+    def staged(self) -> str:
+        return "hidden_states" if self.last else "intermediate_tensors"
+
+
+def pipeline_stages(pipeline_parallel_size: int) -> list[Stage]:
+    """One stage per distinct staging path: the first, one middle stage (they all behave alike), the last."""
+    pp = max(1, pipeline_parallel_size)
+    if pp == 1:
+        return [Stage(0, True, True)]
+    middle = [Stage(1, False, False)] if pp > 2 else []
+    return [Stage(0, True, False), *middle, Stage(pp - 1, False, True)]
+
+
+def replay_arm(
+    vllm_config: Any, inputs: ManagerInputs, patched: bool, stage: Stage = Stage(0, True, True)
+) -> tuple[Arm, dict[str, list[int]]]:
+    """One real capture() of a manager built from ``vllm_config`` at ``stage``; returns the arm and
+    vLLM's plan."""
     import torch
 
     from ..._engine.sizing import CAPTURE_MODE_ORDER, capture_sequence
@@ -56,6 +82,8 @@ def replay_arm(vllm_config: Any, inputs: ManagerInputs, patched: bool) -> tuple[
         dtype=inputs.dtype,
         aux_layers=inputs.aux_layers,
         lora_capture_cases=inputs.lora_capture_cases,
+        first_pp_rank=stage.first,
+        last_pp_rank=stage.last,
     )
     kwargs: dict[str, Any] = {}
     if inputs.dbo:  # vLLM's own _maybe_ubatch_twin adds the micro-batch twins; the runner is a stand-in

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from ... import __version__
+from .workaround import Workaround
 
 
 @dataclass
@@ -16,6 +17,16 @@ class Arm:
     buffers: dict[str, dict[str, Any]]
     allocated_by: str | None = None
     failed_at: str | None = None
+
+
+@dataclass
+class StageResult:
+    """Both arms at one pipeline position."""
+
+    index: int
+    staged: str  # "hidden_states" (last stage) or "intermediate_tensors"
+    stock: Arm
+    plugin: Arm
 
 
 @dataclass
@@ -38,10 +49,38 @@ class Preflight:
     plugin: Arm
     order: str
     notes: list[str]
+    stages: list[StageResult] = field(default_factory=list)
+    parallel: dict[str, int] = field(default_factory=dict)
+    workaround: Workaround | None = None
+
+    def _fits(self, arm: Arm) -> bool:
+        return arm.ok and all(b["rows"] >= self.capacity for b in arm.buffers.values())
 
     @property
     def plugin_boots(self) -> bool:
-        return self.plugin.ok and all(b["rows"] >= self.capacity for b in self.plugin.buffers.values())
+        return all(self._fits(s.plugin) for s in self.stages) if self.stages else self._fits(self.plugin)
+
+    @property
+    def ranks_replayed(self) -> str:
+        """Which ranks the replays stand for, in words."""
+        tp, pp, dp = (self.parallel.get(k, 1) for k in ("tensor_parallel_size", "pipeline_parallel_size",
+                                                         "data_parallel_size"))  # fmt: skip
+        last = self.stages[-1].index if self.stages else 0
+        parts = []
+        for s in self.stages:
+            role = (
+                "last" if s.index == last else "first" if s.index == 0 else f"middle, for stages 1-{pp - 2}"
+            )
+            parts.append(f"{s.index} ({role}: {s.staged})")
+        if pp == 1:
+            text = "replayed the only pipeline stage (hidden_states)"
+        else:
+            text = f"replayed pipeline stages {', '.join(parts)} of {pp}"
+        if tp > 1:
+            text += f"; a stage's {tp} tensor-parallel ranks build the same descriptors (one replay each)"
+        if dp > 1:
+            text += f"; the {dp} data-parallel engines repeat this engine's plan"
+        return text
 
     @property
     def identical_to_stock(self) -> bool | None:
@@ -74,6 +113,19 @@ class Preflight:
             "plugin": {**_arm_json(self.plugin), "ok": self.plugin_boots, "order": self.order},
             "staging_bytes": self.staging_bytes,
             "identical_to_stock": self.identical_to_stock,
+            "parallel": self.parallel,
+            "ranks_replayed": self.ranks_replayed,
+            "pipeline_stages": [
+                {
+                    "stage": s.index,
+                    "staged": s.staged,
+                    "stock_ok": s.stock.ok,
+                    "plugin_ok": self._fits(s.plugin),
+                    "buffers": s.plugin.buffers,
+                }
+                for s in self.stages
+            ],
+            "stock_workaround": self.workaround.to_json() if self.workaround else None,
             "notes": self.notes,
         }
 

@@ -1,0 +1,69 @@
+"""Keep the terminal for the answer: vLLM's INFO lines and the warnings every GPU-less machine prints go.
+
+vLLM reads ``VLLM_LOGGING_LEVEL`` once, when first imported, so the variable is set for that import (and
+for the subprocess vLLM starts to inspect a model class) unless the operator set it. A few messages come
+on any machine without CUDA kernels or Triton, whatever the configuration, and say nothing about it;
+they are dropped where they are logged. ``-v`` keeps everything.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import sys
+from collections.abc import Iterator
+
+LEVEL_VARIABLE = "VLLM_LOGGING_LEVEL"
+# (logger, start of the message): what vLLM 0.33.0 and torch log on a CPU-only machine, whatever is checked
+_NO_TRITON_KERNELS = "Failed to import Triton kernels"
+CPU_ONLY = (
+    ("vllm.platforms.interface", "Failed to import from vllm._C"),
+    ("vllm.platforms.cpu", "Failed to import from vllm._C"),
+    ("vllm.model_executor.layers.fused_moe.config", _NO_TRITON_KERNELS),
+    ("vllm.model_executor.layers.quantization.mxfp4", _NO_TRITON_KERNELS),
+    ("vllm.model_executor.layers.fused_moe.oracle.mxfp4", _NO_TRITON_KERNELS),
+    ("vllm.model_executor.layers.fused_moe.experts.gpt_oss_triton_kernels_moe", _NO_TRITON_KERNELS),
+    ("torch._library.triton", "Triton not available"),
+)
+EXPLAINED = (
+    "note: messages about vllm._C and Triton are expected on a machine without a GPU (no CUDA kernels "
+    "or Triton here); the check needs neither"
+)
+
+
+class _DropCpuOnly(logging.Filter):
+    def __init__(self, prefix: str) -> None:
+        super().__init__()
+        self.prefix = prefix
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith(self.prefix)
+
+
+@contextlib.contextmanager
+def quiet_logs(verbose: bool) -> Iterator[None]:
+    """Quiet vLLM for the block (WARNING and up, minus the CPU-only three); ``verbose`` changes nothing
+    but says in one line why those three appear."""
+    if verbose:
+        print(EXPLAINED, file=sys.stderr)
+        yield
+        return
+    set_variable = LEVEL_VARIABLE not in os.environ
+    if set_variable:
+        os.environ[LEVEL_VARIABLE] = "WARNING"
+    vllm_logger = logging.getLogger("vllm")
+    level = vllm_logger.level
+    if "vllm" in sys.modules and set_variable:  # configured already (in-process callers): lower it here
+        vllm_logger.setLevel(logging.WARNING)
+    filters = [(logging.getLogger(name), _DropCpuOnly(prefix)) for name, prefix in CPU_ONLY]
+    for logger, dropped in filters:
+        logger.addFilter(dropped)
+    try:
+        yield
+    finally:
+        for logger, dropped in filters:
+            logger.removeFilter(dropped)
+        if set_variable:
+            os.environ.pop(LEVEL_VARIABLE, None)
+            vllm_logger.setLevel(level)
