@@ -14,6 +14,11 @@ KDA recover-SSM; pipeline rank position. A knob a release lacks (read from its s
 at its default only. Combinations vLLM itself cannot produce are not searched: recover-SSM, varlen decode
 and a schedule without speculative tokens, recover-SSM with pipeline parallelism (vLLM rejects it).
 
+The "widths" search (``--search widths``) widens the speculative widths, max_num_seqs and grids where the
+family lives (FULL_AND_PIECEWISE, recover-SSM off and on, varlen decode off and on, the only pipeline rank,
+no LoRA cases, no DBO) and records, per grid and width, the max_num_seqs that crash stock: the operator
+table of docs/stock-crashes.md, "Atlas at real widths" (summary docs/data/atlas/widths.json).
+
 Replays are deterministic functions of (descriptor lists, staging path), so each distinct pair is replayed
 once (stock and patched) and the outcome is counted for every configuration that produced it;
 ``--no-memo`` replays every configuration instead.
@@ -21,11 +26,15 @@ once (stock and patched) and the outcome is counted for every configuration that
   .venv/bin/python tools/stock_atlas.py                  # 0.18.0-0.33.0, writes docs/data/atlas/summary.json
   .venv/bin/python tools/stock_atlas.py --installed      # the installed vLLM only, full search
   .venv/bin/python tools/stock_atlas.py 0.30.0 0.33.0 --json /tmp/a.json
+  .venv/bin/python tools/stock_atlas.py --installed --search widths  # writes docs/data/atlas/widths.json
+  .venv/bin/python tools/stock_atlas.py --table-from docs/data/atlas/widths.json  # + the operator tables
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import dataclasses
 import itertools
 import json
 import subprocess
@@ -40,6 +49,7 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 SUMMARY = ROOT / "docs" / "data" / "atlas" / "summary.json"
+WIDTHS_SUMMARY = ROOT / "docs" / "data" / "atlas" / "widths.json"
 MODES = ("FULL", "FULL_DECODE_ONLY", "PIECEWISE", "FULL_AND_PIECEWISE")
 CUSTOM_GRIDS: dict[str, tuple[int, ...]] = {
     "cc=[1,2,4,8,16]": (1, 2, 4, 8, 16),
@@ -47,6 +57,11 @@ CUSTOM_GRIDS: dict[str, tuple[int, ...]] = {
     "cc=[1,2,4,...,512]": tuple(2**i for i in range(10)),
     "cc=[8,24,40]": (8, 24, 40),
 }
+WIDE_GRIDS: dict[str, tuple[int, ...]] = {  # the widths search adds these
+    "cc=[1,2,4,...,1024]": tuple(2**i for i in range(11)),
+    "cc=[8,16,...,512]": tuple(range(8, 513, 8)),
+}
+GRIDS = {**CUSTOM_GRIDS, **WIDE_GRIDS}
 MAX_GRIDS = (16, 512)  # operator-set max_cudagraph_capture_size; vLLM derives the grid below it
 LORA_CASES = [0, 1, 2, 3]  # get_lora_capture_cases for max_loras=2 with cudagraph_specialize_lora
 DBO_THRESHOLD = 2  # the smallest dbo_decode_token_threshold vLLM accepts: twins at every eligible size
@@ -65,11 +80,33 @@ class Search:
     max_num_seqs: tuple[int, ...]
     speculative_tokens: tuple[int, ...]
     pp: tuple[str, ...]
+    modes: tuple[str, ...] = MODES
+    max_grids: tuple[int, ...] = MAX_GRIDS
+    grids: tuple[str, ...] = tuple(CUSTOM_GRIDS)  # operator-set cudagraph_capture_sizes, names in GRIDS
+    derived_ceilings: tuple[int, ...] = (512,)  # vLLM's default ceiling: 512, 1024 on data-centre Blackwell
+    lora_and_dbo: bool = True  # False: LoRA capture cases and DBO at their defaults only (none, off)
 
 
 SEARCHES = {
     "full": Search((1, 2, 3, 4, 8, 32, 256), (0, 1, 2, 4), ("only", "first-of-2", "last-of-2")),
     "subset": Search((1, 4, 8, 256), (0, 2, 4), ("only", "first-of-2")),
+    "widths": Search(
+        (1, 2, 4, 6, 8, 16, 32, 48, 64, 128, 256, 512),
+        tuple(range(1, 11)),
+        ("only",),
+        modes=("FULL_AND_PIECEWISE",),
+        max_grids=(16, 256, 512, 1024),
+        grids=tuple(GRIDS),
+        derived_ceilings=(512, 1024),
+        lora_and_dbo=False,
+    ),
+}
+SWEEP_MAX_NUM_SEQS = tuple(range(1, 513))  # widths: the family's settings at every max_num_seqs, unreplayed
+SPOTLIGHT: dict[str, Any] = {
+    "name": "Kimi-K3",
+    "max_num_seqs": 48,
+    "num_speculative_tokens": 8,
+    "grid": "cc=[1,2,4,...,512]",
 }
 
 
@@ -105,7 +142,70 @@ def predicted_crash(setting: dict[str, Any]) -> bool:
     return max(full, default=0) > largest_piecewise
 
 
+def fixed_width_rule(sizes: Sequence[int], max_num_seqs: int, decode_query_len: int) -> bool:
+    """The condition for a fixed width (no schedule), reduced: P, the largest capture size within
+    max_num_seqs x decode_query_len, is neither the grid's largest size nor a multiple of decode_query_len
+    (stock then allocates P rows and the first FULL descriptor, round_up(P, decode_query_len), crashes)."""
+    p = max((s for s in sizes if s <= max_num_seqs * decode_query_len), default=0)
+    return p != max(sizes) and p % decode_query_len != 0
+
+
+def descriptor_crash(descs: tuple[Any, ...]) -> bool:
+    """FULL_AND_PIECEWISE staging in vLLM's order, read off the descriptors: PIECEWISE is captured first and
+    its largest size allocates the buffers; a larger FULL descriptor then crashes."""
+    tops = {mode: max((d.num_tokens for d in ds), default=0) for mode, ds in descs}
+    return tops.get("PIECEWISE", 0) > 0 and tops.get("FULL", 0) > tops["PIECEWISE"]
+
+
+def as_ranges(values: Sequence[int]) -> str:
+    """Sorted integers as "1-7,9-15,20"."""
+    runs: list[list[int]] = []
+    for v in sorted(values):
+        if runs and runs[-1][1] == v - 1:
+            runs[-1][1] = v
+        else:
+            runs.append([v, v])
+    return ",".join(f"{a}" if a == b else f"{a}-{b}" for a, b in runs)
+
+
+def from_ranges(text: str) -> list[int]:
+    out: list[int] = []
+    for part in filter(None, text.split(",")):
+        lo, _, hi = part.partition("-")
+        out.extend(range(int(lo), int(hi or lo) + 1))
+    return out
+
+
 # ---------------------------------------------------------------- worker: runs inside one release
+
+
+def grid_names(search: Search) -> list[str]:
+    derived = [f"derived-{c}" if c != 512 else "derived" for c in search.derived_ceilings]
+    return [*derived, *(f"max={m}" for m in search.max_grids), *search.grids]
+
+
+@contextlib.contextmanager
+def platform_ceiling(ceiling: int) -> Iterator[None]:
+    """vLLM's derived-grid ceiling is 1024 on data-centre Blackwell (capability family 100), else 512:
+    answer that question as such a GPU would, only for the block (vLLM's ``_set_cudagraph_sizes`` asks it)."""
+    if ceiling == 512:
+        yield
+        return
+    from vllm.platforms import current_platform
+
+    cls = type(current_platform)
+    saved = cls.__dict__.get("is_device_capability_family", _MISSING)
+    cls.is_device_capability_family = classmethod(lambda _, capability, device_id=0: capability // 10 == 10)
+    try:
+        yield
+    finally:
+        if saved is _MISSING:
+            delattr(cls, "is_device_capability_family")
+        else:
+            cls.is_device_capability_family = saved
+
+
+_MISSING = object()
 
 
 def settings(search: Search, feats: dict[str, bool], skipped: list[str]) -> Iterator[dict[str, Any]]:
@@ -119,19 +219,21 @@ def settings(search: Search, feats: dict[str, bool], skipped: list[str]) -> Iter
             schedules.append(tapered(ms, n))
         for schedule in schedules:
             grids: dict[str, tuple[int, ...]] = {}
-            for name, limit in [("derived", None), *((f"max={m}", m) for m in MAX_GRIDS)]:
+            derived = [(f"derived-{c}" if c != 512 else "derived", None, c) for c in search.derived_ceilings]
+            for name, limit, ceiling in [*derived, *((f"max={m}", m, 512) for m in search.max_grids)]:
                 try:
-                    grids[name] = tuple(cpu_replay.derived_capture_sizes(ms, n, schedule, limit))
+                    with platform_ceiling(ceiling):
+                        grids[name] = tuple(cpu_replay.derived_capture_sizes(ms, n, schedule, limit))
                 except Exception as exc:
                     if derived_ok:
                         skipped.append(f"vLLM-derived grids: {type(exc).__name__}: {exc}"[:200])
                     derived_ok = False
-            grids.update(CUSTOM_GRIDS)
+            grids.update({name: GRIDS[name] for name in search.grids})
             knobs = itertools.product(
-                MODES,
+                search.modes,
                 [False, True] if feats["varlen_decode"] and n else [False],
-                [None, LORA_CASES] if feats["lora_capture_cases"] else [None],
-                [False, True] if feats["dbo"] else [False],
+                [None, LORA_CASES] if feats["lora_capture_cases"] and search.lora_and_dbo else [None],
+                [False, True] if feats["dbo"] and search.lora_and_dbo else [False],
                 [False, True] if feats["kda_recoverssm"] and n else [False],
             )
             for (mode, varlen, lora, dbo, kda), (grid, sizes) in itertools.product(knobs, grids.items()):
@@ -192,6 +294,88 @@ def example_key(item: tuple[dict[str, Any], str]) -> tuple[Any, ...]:
             s["varlen"], s["lora"] is not None, s["dbo"], pp != "only", s["grid"])  # fmt: skip
 
 
+def family_setting(setting: dict[str, Any], pp: str) -> bool:
+    """The operator table's configurations: where the family can live, at the default LoRA/DBO knobs."""
+    return (
+        setting["mode"] == "FULL_AND_PIECEWISE"
+        and setting["kda"]
+        and not setting["varlen"]
+        and setting["lora"] is None
+        and not setting["dbo"]
+        and pp == "only"
+    )
+
+
+def record_cell(
+    cells: dict[str, dict[str, dict[int, list[int]]]],
+    spotlight: dict[str, Any],
+    setting: dict[str, Any],
+    result: dict[str, Any],
+) -> None:
+    """Widths search: note a stock crash in its (grid, fixed or dense schedule, width) cell; keep the
+    spotlight deployment's plan on every grid (its full plan on its own grid)."""
+    n, ms = setting["decode_query_len"] - 1, setting["max_num_seqs"]
+    kind = "dense" if setting["schedule"] else "fixed"
+    crashing = cells.setdefault(setting["grid"], {}).setdefault(kind, {}).setdefault(n, [])
+    if not result["stock_ok"]:
+        crashing.append(ms)
+    if kind == "fixed" and (ms, n) == (SPOTLIGHT["max_num_seqs"], SPOTLIGHT["num_speculative_tokens"]):
+        seq = result["sequence"]
+        entry = {
+            "stock_ok": result["stock_ok"],
+            "predicted_crash": predicted_crash(setting),
+            "piecewise_top": max(seq.get("PIECEWISE", [0])),
+            "full_top": max(seq.get("FULL", [0])),
+            "stock_error": (result["stock_error"] or "")[:120] or None,
+            "plugin_ok": result["plugin_ok"],
+            "plugin_rows": result["plugin_rows"],
+        }
+        if setting["grid"] == SPOTLIGHT["grid"]:
+            entry["sequence"] = seq
+        spotlight.setdefault("grids", {})[setting["grid"]] = entry
+        spotlight.update(SPOTLIGHT)
+
+
+def sweep(search: Search, feats: dict[str, bool]) -> dict[str, Any]:
+    """Widths: the family's settings (FULL_AND_PIECEWISE, recover-SSM on, no varlen, LoRA or DBO) at every
+    max_num_seqs 1-512, by the real manager's descriptors (no replay: the replayed search checks the
+    descriptor rule against replays), each compared with the condition and, at a fixed width, its reduced
+    form."""
+    started = time.monotonic()
+    wide = dataclasses.replace(search, max_num_seqs=SWEEP_MAX_NUM_SEQS, modes=("FULL_AND_PIECEWISE",))
+    cells: dict[str, dict[str, dict[int, list[int]]]] = {}
+    counts: Counter[str] = Counter()
+    examples: list[str] = []
+    for setting in settings(wide, feats, []):
+        if not family_setting(setting, "only"):
+            continue
+        n, ms = setting["decode_query_len"] - 1, setting["max_num_seqs"]
+        kind = "dense" if setting["schedule"] else "fixed"
+        crash = descriptor_crash(descriptors(replay_config(setting, "only")))
+        counts["configurations"] += 1
+        counts["crashes"] += crash
+        wrong = crash != predicted_crash(setting)
+        if kind == "fixed":
+            wrong = wrong or crash != fixed_width_rule(setting["sizes"], ms, n + 1)
+        counts["mismatches"] += wrong
+        if wrong and len(examples) < 5:
+            examples.append(f"{setting}: descriptors crash={crash}")
+        crashing = cells.setdefault(setting["grid"], {}).setdefault(kind, {}).setdefault(n, [])
+        if crash:
+            crashing.append(ms)
+    return {
+        "max_num_seqs": [SWEEP_MAX_NUM_SEQS[0], SWEEP_MAX_NUM_SEQS[-1]],
+        "configurations": counts["configurations"],
+        "crashes": counts["crashes"],
+        "mismatches": counts["mismatches"],
+        "mismatch_examples": examples,
+        "cells": {
+            g: {k: {n: as_ranges(v) for n, v in by.items()} for k, by in c.items()} for g, c in cells.items()
+        },
+        "seconds": round(time.monotonic() - started, 1),
+    }
+
+
 def worker(scope: str, memo: bool) -> dict[str, Any]:
     from vllm_staging_plugin._engine import compat
     from vllm_staging_plugin._offline import cpu_replay
@@ -206,6 +390,8 @@ def worker(scope: str, memo: bool) -> dict[str, Any]:
     families: dict[str, Counter[str]] = {}
     examples: dict[str, tuple[dict[str, Any], str, dict[str, Any]]] = {}
     mismatches: list[str] = []
+    cells: dict[str, dict[str, dict[int, list[int]]]] = {}  # widths: grid -> fixed/dense -> n -> crashing
+    spotlight: dict[str, Any] = {}
     constructions = 0
     for setting in settings(search, feats, skipped):
         constructions += 1
@@ -234,18 +420,33 @@ def worker(scope: str, memo: bool) -> dict[str, Any]:
             if predicted_crash(setting) == result["stock_ok"] and len(mismatches) < 5:
                 mismatches.append(f"{setting} pp={pp}: stock_ok={result['stock_ok']}")
             counts["predicate_mismatches"] += predicted_crash(setting) == result["stock_ok"]
+            if scope == "widths":
+                counts["descriptor_rule_mismatches"] += descriptor_crash(descs) == result["stock_ok"]
+                if family_setting(setting, pp):
+                    record_cell(cells, spotlight, setting, result)
+                if not result["stock_ok"] and setting["schedule"] is None:
+                    p = max(
+                        s
+                        for s in setting["sizes"]
+                        if s <= setting["max_num_seqs"] * setting["decode_query_len"]
+                    )
+                    named = f"({p}) must match the existing size ({round_up(p, setting['decode_query_len'])})"
+                    counts["message_mismatches"] += named not in (result["stock_error"] or "")
     return {
         "release": compat.installed_versions()["vllm"],
         "scope": scope,
         "features": feats,
         "skipped": skipped,
         "search": {
-            "modes": list(MODES),
+            "modes": list(search.modes),
             "max_num_seqs": list(search.max_num_seqs),
             "num_speculative_tokens": list(search.speculative_tokens),
             "pp": positions,
-            "grids": ["derived", *(f"max={m}" for m in MAX_GRIDS), *CUSTOM_GRIDS],
-            "lora_capture_cases": [None, LORA_CASES] if feats["lora_capture_cases"] else [None],
+            "grids": grid_names(search),
+            "lora_capture_cases": [None, LORA_CASES]
+            if feats["lora_capture_cases"] and search.lora_and_dbo
+            else [None],
+            **({} if search.lora_and_dbo else {"dbo": [False]}),
         },
         "managers_built": constructions,
         "distinct_replays": len(cache) if memo else counts["configurations"],
@@ -274,6 +475,20 @@ def worker(scope: str, memo: bool) -> dict[str, Any]:
             }
             for name, tally in families.items()
         },
+        **(
+            {
+                "descriptor_rule_mismatches": counts["descriptor_rule_mismatches"],
+                "message_mismatches": counts["message_mismatches"],
+                "cells": {
+                    g: {k: {n: as_ranges(v) for n, v in by.items()} for k, by in c.items()}
+                    for g, c in cells.items()
+                },
+                "spotlight": spotlight,
+                "sweep": sweep(search, feats) if feats["kda_recoverssm"] else None,
+            }
+            if scope == "widths"
+            else {}
+        ),
         "seconds": round(time.monotonic() - started, 1),
     }
 
@@ -298,6 +513,14 @@ def run_release(version: str, installed: str, scope: str, memo: bool) -> dict[st
     return json.loads(line[6:])  # type: ignore[no-any-return]
 
 
+def sweep_summary(sweep: dict[str, Any]) -> str:
+    return (
+        f"max_num_seqs {sweep['max_num_seqs'][0]}-{sweep['max_num_seqs'][1]}: "
+        f"configs={sweep['configurations']} "
+        f"crashes={sweep['crashes']} mismatches={sweep['mismatches']} ({sweep['seconds']}s)"
+    )
+
+
 def print_row(row: dict[str, Any]) -> None:
     if "error" in row:
         print(f"{row['release']:<8} ERROR {row['error']}")
@@ -306,7 +529,8 @@ def print_row(row: dict[str, Any]) -> None:
     print(
         f"{row['release']:<8} {row['scope']:<6} configs={row['configurations']:<6} "
         f"stock crashes={row['stock_crashes']:<5} plugin boots={row['plugin_boots']}/{row['configurations']} "
-        f"mismatches={row['predicate_mismatches']} families: {fams} ({row['seconds']}s)",
+        f"mismatches={row['predicate_mismatches']} families: {fams} ({row['seconds']}s)"
+        + (f"; sweep {sweep_summary(row['sweep'])}" if row.get("sweep") else ""),
         flush=True,
     )
 
@@ -353,6 +577,87 @@ def markdown(rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def crash_ranges(crashing: Sequence[int], searched: Sequence[int]) -> str:
+    """The crashing max_num_seqs among the searched ones, as runs of consecutive searched values:
+    "-" none, "all", "<=48" (every searched value up to 48), ">=6", "6-48", or a list of those."""
+    if not crashing:
+        return "-"
+    hit = set(crashing)
+    runs: list[list[int]] = []
+    for i, ms in enumerate(searched):
+        if ms in hit:
+            if runs and runs[-1][-1] == i - 1:
+                runs[-1].append(i)
+            else:
+                runs.append([i])
+    last = len(searched) - 1
+    parts = []
+    for run in runs:
+        lo, hi = searched[run[0]], searched[run[-1]]
+        if run[0] == 0 and run[-1] == last:
+            parts.append("all")
+        elif run[0] == 0:
+            parts.append(f"<={hi}" if lo != hi else f"{lo}")
+        elif run[-1] == last:
+            parts.append(f">={lo}" if lo != hi else f"{lo}")
+        else:
+            parts.append(f"{lo}-{hi}" if lo != hi else f"{lo}")
+    return ", ".join(parts)
+
+
+def sweep_cell(ranges: str | None) -> str:
+    """One operator-table cell: "-" (none crash), "1-56" (one run), or "49 in 1-56" (49 values, none
+    above 56)."""
+    if ranges is None:
+        return "n/a"
+    values = from_ranges(ranges)
+    if not values:
+        return "-"
+    if "," not in ranges:
+        return ranges
+    return f"{len(values)} in {values[0]}-{values[-1]}"
+
+
+def operator_tables(row: dict[str, Any], search: dict[str, Any]) -> str:
+    """The widths search's operator tables (FULL_AND_PIECEWISE, recover-SSM on): per grid (rows) and
+    width (columns), the max_num_seqs 1-512 whose descriptors crash stock (the sweep), fixed width and
+    dense schedule; the exact lists at the spotlight's width; the replayed search's crashing max_num_seqs."""
+    widths = search["num_speculative_tokens"]
+    header = " | ".join(f"n={n}" for n in widths)
+    out = []
+    sweep_row = row.get("sweep") or {"cells": {}}
+    for kind in ("fixed", "dense"):
+        lines = [f"| grid (sweep, {kind}) | {header} |", "|---|" + "---|" * len(widths)]
+        for grid in search["grids"]:
+            by_width = sweep_row["cells"].get(grid, {}).get(kind, {})
+            cells = [sweep_cell(by_width.get(str(n), by_width.get(n))) for n in widths]
+            lines.append(f"| `{grid}` | " + " | ".join(cells) + " |")
+        out.append("\n".join(lines))
+    n = SPOTLIGHT["num_speculative_tokens"]
+    lines = [f"| grid | n={n} fixed: crashing max_num_seqs | n={n} dense |", "|---|---|---|"]
+    for grid in search["grids"]:
+        by_kind = sweep_row["cells"].get(grid, {})
+        exact = [by_kind.get(k, {}).get(str(n), by_kind.get(k, {}).get(n)) for k in ("fixed", "dense")]
+        lines.append(
+            f"| `{grid}` | "
+            + " | ".join(("n/a" if e is None else e.replace(",", ", ") or "-") for e in exact)
+            + " |"
+        )
+    out.append("\n".join(lines))
+    for kind in ("fixed", "dense"):
+        lines = [f"| grid (replayed, {kind}) | {header} |", "|---|" + "---|" * len(widths)]
+        for grid in search["grids"]:
+            by_width = row["cells"].get(grid, {}).get(kind, {})
+            cells = []
+            for n in widths:
+                searched = [m for m in search["max_num_seqs"] if kind == "fixed" or (m >= 2 and n >= 2)]
+                crashing = by_width.get(str(n), by_width.get(n))
+                cells.append("n/a" if crashing is None else crash_ranges(from_ranges(crashing), searched))
+            lines.append(f"| `{grid}` | " + " | ".join(cells) + " |")
+        out.append("\n".join(lines))
+    return "\n\n".join(out)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -360,6 +665,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("releases", nargs="*", help=f"default: {RELEASES[0]}-{RELEASES[-1]}")
     parser.add_argument("--installed", action="store_true", help="only the installed vLLM, in-process")
     parser.add_argument("--full-everywhere", action="store_true", help="full search on every release")
+    parser.add_argument(
+        "--search", choices=["widths"], help=f"this search on every release (default path {WIDTHS_SUMMARY})"
+    )
     parser.add_argument("--no-memo", action="store_true", help="replay every configuration")
     parser.add_argument("--jobs", type=int, default=2)
     parser.add_argument("--json", type=Path, default=None, help=f"summary path (default {SUMMARY})")
@@ -367,7 +675,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--worker", choices=sorted(SEARCHES), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.table_from:
-        print(markdown(json.loads(args.table_from.read_text())["releases"]))
+        recorded = json.loads(args.table_from.read_text())
+        print(markdown(recorded["releases"]))
+        for row in recorded["releases"]:
+            if "cells" in row:
+                print(f"\n{row['release']}\n\n" + operator_tables(row, recorded["searches"][row["scope"]]))
         return 0
     memo = not args.no_memo
     if args.worker:
@@ -379,6 +691,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     releases = [installed] if args.installed else (args.releases or RELEASES)
 
     def scope(release: str) -> str:
+        if args.search:
+            return str(args.search)
         return "full" if release == installed or args.full_everywhere else "subset"
 
     started = time.monotonic()
@@ -390,20 +704,33 @@ def main(argv: Sequence[str] | None = None) -> int:
         for future in futures:
             rows.append(future.result())
             print_row(rows[-1])
-    summary = {
+    summary: dict[str, Any] = {
         "command": "tools/stock_atlas.py " + " ".join(sys.argv[1:] if argv is None else argv),
         "installed_vllm": installed,
         "hidden_size": HIDDEN,
         "dbo_decode_token_threshold": DBO_THRESHOLD,
-        "custom_grids": {k: list(v) for k, v in CUSTOM_GRIDS.items()},
+        "custom_grids": {
+            k: list(GRIDS[k]) for k in dict.fromkeys(g for r in releases for g in SEARCHES[scope(r)].grids)
+        },
         "seconds": round(time.monotonic() - started, 1),
         "releases": rows,
     }
-    path = args.json or SUMMARY
+    path = args.json or (WIDTHS_SUMMARY if args.search == "widths" else SUMMARY)
     write_summary(summary, path)
     print(markdown(rows))
+    for row in rows:
+        if "cells" in row:
+            print("\n" + operator_tables(row, summary["searches"][row["scope"]]))
     print(f"summary: {path} ({path.stat().st_size} bytes, {summary['seconds']} s)")
-    bad = any("error" in r or r["plugin_failures"] or r["predicate_mismatches"] for r in rows)
+    bad = any(
+        "error" in r
+        or r["plugin_failures"]
+        or r["predicate_mismatches"]
+        or r.get("descriptor_rule_mismatches")
+        or r.get("message_mismatches")
+        or (r.get("sweep") or {}).get("mismatches")
+        for r in rows
+    )
     return 1 if bad else 0
 
 
