@@ -128,7 +128,7 @@ def test_the_disagreement_message_word_for_word() -> None:
     assert agreement.disagreement(plans) == (
         "vllm-staging-plugin: ranks whose CUDA-graph captures share collectives would capture in different "
         "orders or with different staging capacities, which can deadlock the capture. Set the same "
-        "STAGING_PLUGIN_* variables on every node (see README, 'Many GPUs and many nodes'):\n"
+        "STAGING_PLUGIN_* variables on every node (see docs/many-gpus.md):\n"
         "  ranks [0, 2]: STAGING_PLUGIN_ORDER=descending presize=on capacity=4 descriptors=3 digest=aa "
         "first={'PIECEWISE': [4, 2, 1]}\n"
         "  ranks [1]: STAGING_PLUGIN_ORDER=ascending presize=on capacity=4 descriptors=3 digest=bb "

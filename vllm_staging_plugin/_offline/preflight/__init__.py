@@ -14,6 +14,7 @@ import contextlib
 import json
 import os
 import sys
+import time
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -29,6 +30,7 @@ from .configure import (
     manager_inputs,
     parse_serve_arguments,
 )
+from .phases import Phases
 from .platform import GPUS, Gpu, node_gpus, platform_for_check, platform_json
 from .render import render
 from .result import Preflight, StageResult
@@ -79,10 +81,10 @@ def run(
     ``order_from`` names where the order came from (the flag or the variable) in a refusal; ``gpus`` is
     the emulated node's GPU count (default: what the deployment uses on one node).
     """
+    phases = Phases()
+    started = time.perf_counter()
     from ..._engine import compat
     from ..._engine.policies import validate_order
-    from ..cpu_replay import cudagraph_module
-    from .replay import pipeline_stages, plugin_environment, replay_arm  # torch: only once a check runs
 
     try:
         validate_order(Settings(order=order))
@@ -92,10 +94,14 @@ def run(
             text = f"{order_from} {text.removeprefix(f'{ENV_ORDER}=')}"
         raise BadArguments(text) from None
     check_model_early(argv)
+    from ..cpu_replay import cudagraph_module  # torch and vLLM: only once the arguments look right
+    from .replay import pipeline_stages, plugin_environment, replay_arm
+
     versions = compat.installed_versions()
     if versions["vllm"] is None:
         raise CannotCheckHere("vLLM is not installed in this environment")
-    with _environment_kept(), platform_for_check(gpu) as (platform, emulated):
+    with _environment_kept(), platform_for_check(gpu) as (platform, emulated), phases.inspection_counted():
+        phases.add("imports", time.perf_counter() - started)  # vLLM's modules, under this machine's platform
 
         def configure(words: Sequence[str]) -> Any:
             # the parser's defaults build a DeviceConfig too, so it runs on the check's platform
@@ -110,7 +116,8 @@ def run(
                 )
             return config
 
-        vllm_config = configure(argv)
+        with phases.phase("configure"):
+            vllm_config = configure(argv)
         try:
             compat.manager_class(cudagraph_module())
         except compat.IncompatibleVllm as exc:
@@ -119,11 +126,12 @@ def run(
         parallel = vllm_config.parallel_config
         stages: list[StageResult] = []
         plan: dict[str, list[int]] = {}
-        for stage in pipeline_stages(int(parallel.pipeline_parallel_size)):
-            stock, plan = replay_arm(vllm_config, inputs, patched=False, stage=stage)
-            with plugin_environment(order):
-                plugin, _ = replay_arm(vllm_config, inputs, patched=True, stage=stage)
-            stages.append(StageResult(stage.index, stage.staged, stock, plugin))
+        with phases.phase("replay"):
+            for stage in pipeline_stages(int(parallel.pipeline_parallel_size)):
+                stock, plan = replay_arm(vllm_config, inputs, patched=False, stage=stage)
+                with plugin_environment(order):
+                    plugin, _ = replay_arm(vllm_config, inputs, patched=True, stage=stage)
+                stages.append(StageResult(stage.index, stage.staged, stock, plugin))
         compilation = vllm_config.compilation_config
         sizes = sorted(compilation.cudagraph_capture_sizes or [])
         fix = None
@@ -138,7 +146,8 @@ def run(
                 return all(arm.ok for arm, _ in runs), runs[-1][1], used
 
             tokens = int(vllm_config.num_speculative_tokens)
-            fix = workaround.find(argv, sizes, plan, stock_check, tokens, _query_lengths(vllm_config))
+            with phases.phase("workaround"):
+                fix = workaround.find(argv, sizes, plan, stock_check, tokens, _query_lengths(vllm_config))
     model_config = vllm_config.model_config
     notes = list(inputs.notes)
     if not any(plan.values()):
@@ -173,6 +182,7 @@ def run(
             "nnodes": int(getattr(parallel, "nnodes", 1) or 1),
         },
         workaround=fix,
+        seconds=phases.rounded(),
     )
 
 

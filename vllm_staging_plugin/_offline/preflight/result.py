@@ -52,6 +52,7 @@ class Preflight:
     stages: list[StageResult] = field(default_factory=list)
     parallel: dict[str, int] = field(default_factory=dict)
     workaround: Workaround | None = None
+    seconds: dict[str, float] = field(default_factory=dict)
 
     def _fits(self, arm: Arm) -> bool:
         return arm.ok and all(b["rows"] >= self.capacity for b in arm.buffers.values())
@@ -77,7 +78,8 @@ class Preflight:
         else:
             text = f"replayed pipeline stages {', '.join(parts)} of {pp}"
         if tp > 1:
-            text += f"; a stage's {tp} tensor-parallel ranks build the same descriptors (one replay each)"
+            whose = "the" if pp == 1 else "each stage's"
+            text += f"; {whose} {tp} tensor-parallel ranks build the same descriptors (one replay for all)"
         if dp > 1:
             text += f"; the {dp} data-parallel engines repeat this engine's plan"
         return text
@@ -127,6 +129,7 @@ class Preflight:
             ],
             "stock_workaround": self.workaround.to_json() if self.workaround else None,
             "notes": self.notes,
+            "seconds": self.seconds,
         }
 
 
