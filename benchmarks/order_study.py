@@ -89,6 +89,14 @@ KIMI_ISSUE10: dict[str, Any] = {
     "max_num_seqs": 4,
     "compilation_config": {"cudagraph_capture_sizes": [1, 2, 4, 8, 16]},
 }  # fmt: skip
+POWERS_TO_256 = [1, 2, 4, 8, 16, 32, 64, 128, 256]
+KIMI_K3_WIDTHS: dict[str, Any] = {
+    "speculative_config": {"method": "ngram", "num_speculative_tokens": 8, "prompt_lookup_max": 2,
+                           "prompt_lookup_min": 1},
+    "use_replayssm": True,
+    "max_num_seqs": 48,
+    "compilation_config": {"cudagraph_capture_sizes": [*POWERS_TO_256, 512]},
+}  # fmt: skip
 KIMI_ENV = {"VLLM_KIMI_K3_GEMM_AR": "0", "VLLM_ENABLE_GEMM_RS": "0"}
 DRAFT = "@DRAFT@"  # replaced by the draft's folder
 
@@ -115,36 +123,12 @@ MODELS: dict[str, ModelSpec] = {
     "kimi-linear-4l-dense": ModelSpec(KIMI_LINEAR_DENSE, KIMI_ISSUE10, env=KIMI_ENV),
     # The Kimi-K3 deployment widths: n-gram 8 tokens (decode_query_len 9), max_num_seqs 48, a power-of-two
     # grid to 512 -> PIECEWISE 256 ... 1 (capped at 48 x 9 = 432), then FULL 261, 135, 72, 36, 18, 9.
-    "kimi-linear-4l-dense-k3": ModelSpec(
-        KIMI_LINEAR_DENSE,
-        {
-            "speculative_config": {
-                "method": "ngram",
-                "num_speculative_tokens": 8,
-                "prompt_lookup_max": 2,
-                "prompt_lookup_min": 1,
-            },
-            "use_replayssm": True,
-            "max_num_seqs": 48,
-            "compilation_config": {"cudagraph_capture_sizes": [1, 2, 4, 8, 16, 32, 64, 128, 256, 512]},
-        },
-        env=KIMI_ENV,
-    ),
+    "kimi-linear-4l-dense-k3": ModelSpec(KIMI_LINEAR_DENSE, KIMI_K3_WIDTHS, env=KIMI_ENV),
     # The K3 widths with the pre-flight's verified workaround (`check` adds 261 to the grid: PIECEWISE 261
     # is captured first): stock boots it, so vanilla here is the control at the K3 widths.
     "kimi-linear-4l-dense-k3-workaround": ModelSpec(
         KIMI_LINEAR_DENSE,
-        {
-            "speculative_config": {
-                "method": "ngram",
-                "num_speculative_tokens": 8,
-                "prompt_lookup_max": 2,
-                "prompt_lookup_min": 1,
-            },
-            "use_replayssm": True,
-            "max_num_seqs": 48,
-            "compilation_config": {"cudagraph_capture_sizes": [1, 2, 4, 8, 16, 32, 64, 128, 256, 261, 512]},
-        },
+        KIMI_K3_WIDTHS | {"compilation_config": {"cudagraph_capture_sizes": [*POWERS_TO_256, 261, 512]}},
         env=KIMI_ENV,
     ),
     # The control: issue 10's settings with vLLM's own derived grid, which stock boots (the pre-flight

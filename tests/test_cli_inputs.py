@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from configs import QWEN3_0_6B
 
 pytest.importorskip("vllm.v1.worker.gpu.cudagraph_utils")
 pytestmark = pytest.mark.subprocess
@@ -24,12 +25,6 @@ NO_WEIGHTS = ["--load-format", "dummy", "--skip-tokenizer-init"]
 TINY_UNKNOWN = {
     "architectures": ["NoSuchModelForCausalLM"], "model_type": "llama", "hidden_size": 64,
     "intermediate_size": 64, "num_hidden_layers": 1, "num_attention_heads": 2, "vocab_size": 128,
-}  # fmt: skip
-QWEN3 = {
-    "architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "hidden_size": 1024,
-    "intermediate_size": 3072, "num_hidden_layers": 28, "num_attention_heads": 16, "num_key_value_heads": 8,
-    "head_dim": 128, "max_position_embeddings": 40960, "vocab_size": 151936, "rms_norm_eps": 1e-6,
-    "torch_dtype": "bfloat16", "tie_word_embeddings": True,
 }  # fmt: skip
 FORM = "vllm-staging-plugin check [options] -- MODEL [vllm serve arguments]"
 CPU_ONLY_NOISE = ("Failed to import from vllm._C", "Triton not available", "Failed to import Triton kernels")
@@ -88,7 +83,7 @@ def test_each_bad_input_is_one_line_with_its_exit_code(
     words: list[str], env: dict[str, str], code: int, message: str, tmp_path: Path
 ) -> None:
     (tmp_path / "config.json").write_text("{}")
-    folder(tmp_path / "qwen3", QWEN3)
+    folder(tmp_path / "qwen3", QWEN3_0_6B)
     text = cli("check", *words, cwd=tmp_path, env=env)
     assert text.returncode == code, text.stderr[-2000:]
     assert text.stdout == "" and "Traceback" not in text.stderr
@@ -114,7 +109,7 @@ def test_an_unknown_architecture_is_one_line_not_vllms_list_quietly(tmp_path: Pa
 
 
 def test_quiet_by_default_everything_with_verbose(tmp_path: Path) -> None:
-    model = str(folder(tmp_path / "qwen3", QWEN3))
+    model = str(folder(tmp_path / "qwen3", QWEN3_0_6B))
     quiet = cli("check", "--", model, *NO_WEIGHTS, cwd=tmp_path, env=OFFLINE)
     assert quiet.returncode == 0 and "stock vLLM (its own order): boots" in quiet.stdout
     assert quiet.stderr == ""  # nothing but the answer

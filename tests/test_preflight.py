@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from configs import QWEN3_0_6B
 
 pytest.importorskip("vllm.v1.worker.gpu.cudagraph_utils")
 
@@ -22,12 +23,6 @@ from vllm_staging_plugin._offline.cli import main
 
 pytestmark = pytest.mark.contract
 
-QWEN3_0_6B = {  # public Qwen3-0.6B config.json shape
-    "architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "hidden_size": 1024,
-    "intermediate_size": 3072, "num_hidden_layers": 28, "num_attention_heads": 16, "num_key_value_heads": 8,
-    "head_dim": 128, "max_position_embeddings": 40960, "vocab_size": 151936, "rms_norm_eps": 1e-6,
-    "rope_theta": 1000000, "hidden_act": "silu", "tie_word_embeddings": True, "torch_dtype": "bfloat16",
-}  # fmt: skip
 # Kimi-Linear-48B-A3B's config.json shape, cut to 4 layers (3 KDA, 1 MLA) and 32 experts
 KIMI_LINEAR_4_LAYERS = {
     "architectures": ["KimiLinearForCausalLM"], "model_type": "kimi_linear", "vocab_size": 163840,

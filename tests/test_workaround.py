@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from configs import QWEN3_0_6B
 
 pytest.importorskip("vllm.v1.worker.gpu.cudagraph_utils")
 
@@ -34,12 +35,6 @@ K3_WIDTHS = [  # 8 speculative tokens (decode_query_len 9), 48 sequences, a powe
     "--speculative-config", '{"method": "ngram", "num_speculative_tokens": 8, "prompt_lookup_max": 2}',
     "--use-replayssm", "--max-num-seqs", "48", "-cc", json.dumps({"cudagraph_capture_sizes": POWERS_TO_512}),
 ]  # fmt: skip
-QWEN3 = {
-    "architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "hidden_size": 1024,
-    "intermediate_size": 3072, "num_hidden_layers": 28, "num_attention_heads": 16, "num_key_value_heads": 8,
-    "head_dim": 128, "max_position_embeddings": 40960, "vocab_size": 151936, "rms_norm_eps": 1e-6,
-    "torch_dtype": "bfloat16", "tie_word_embeddings": True,
-}  # fmt: skip
 
 
 @pytest.fixture
@@ -206,7 +201,7 @@ def test_the_text_report_prints_the_ready_argument(tmp_path: Path, capsys: Any) 
 
 @pytest.mark.usefixtures("offline")
 def test_stock_safe_configurations_get_no_workaround(tmp_path: Path, capsys: Any) -> None:
-    code, out = check_json(capsys, "--", folder(tmp_path / "qwen3", QWEN3), *NO_WEIGHTS)
+    code, out = check_json(capsys, "--", folder(tmp_path / "qwen3", QWEN3_0_6B), *NO_WEIGHTS)
     assert code == 0 and out["stock"]["ok"] and out["stock_workaround"] is None
 
 
@@ -228,7 +223,7 @@ def test_stock_safe_configurations_get_no_workaround(tmp_path: Path, capsys: Any
 def test_parallel_layouts_are_inspected_without_a_gpu(
     layout: list[str], gpus: int, stages: list[tuple[int, str]], tmp_path: Path, capsys: Any
 ) -> None:
-    code, out = check_json(capsys, "--", folder(tmp_path / "qwen3", QWEN3), *NO_WEIGHTS, *layout)
+    code, out = check_json(capsys, "--", folder(tmp_path / "qwen3", QWEN3_0_6B), *NO_WEIGHTS, *layout)
     assert code == 0, out
     assert out["platform"]["gpus"] == gpus
     assert [(s["stage"], s["staged"]) for s in out["pipeline_stages"]] == stages
@@ -244,7 +239,7 @@ def test_parallel_layouts_are_inspected_without_a_gpu(
 
 @pytest.mark.usefixtures("offline")
 def test_a_layout_larger_than_the_declared_node_is_vllms_refusal(tmp_path: Path, capsys: Any) -> None:
-    model = folder(tmp_path / "qwen3", QWEN3)
+    model = folder(tmp_path / "qwen3", QWEN3_0_6B)
     code, out = check_json(capsys, "--gpus", "4", "--", model, *NO_WEIGHTS, "--tensor-parallel-size", "8")
     assert code == 2 and out["error"] == "bad arguments"
     assert out["message"].startswith(
