@@ -60,3 +60,15 @@ def test_main_job_says_not_installed(capsys: Any, monkeypatch: pytest.MonkeyPatc
     assert main([]) == 1
     out = capsys.readouterr().out
     assert "installed: vllm not installed, torch 2.13.0" in out and "None" not in out
+
+
+def test_main_job_refuses_a_bad_order_or_mode_in_one_line(capsys: Any) -> None:
+    assert main(["--order", "zigzag"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [
+        "vllm-staging-plugin check: --order 'zigzag': unknown order policy 'zigzag'; allowed values: "
+        "descending, ascending, max-first, shuffle:SEED"
+    ]
+    assert main(["--mode", "SIDEWAYS"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "argument --mode: invalid choice: 'SIDEWAYS'" in err[0]

@@ -248,3 +248,28 @@ def test_a_model_without_the_separator_gets_the_right_form(capsys: Any) -> None:
     err = capsys.readouterr().err
     assert "'./kimi-linear' looks like a model" in err
     assert "as in: vllm-staging-plugin check [options] -- MODEL [vllm serve arguments]" in err
+
+
+@pytest.mark.usefixtures("offline")
+def test_a_question_to_vllms_missing_kernel_library_exits_3_naming_it(
+    tmp_path: Path, capsys: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """What a config-time query of an op vLLM's CUDA build registers (torch.ops._C.x) raises here."""
+    from vllm.engine.arg_utils import AsyncEngineArgs
+
+    def asks_the_kernel_library(self: Any, *args: Any, **kwargs: Any) -> Any:
+        raise AttributeError("'_OpNamespace' '_C' object has no attribute 'some_new_capability_query'")
+
+    monkeypatch.setattr(AsyncEngineArgs, "create_engine_config", asks_the_kernel_library)
+    code, out = check_json(capsys, model_dir(tmp_path / "qwen3", QWEN3_0_6B), *NO_WEIGHTS)
+    assert code == 3 and out["error"] == "cannot check on this machine"
+    assert out["message"].startswith("building the configuration asks vLLM's CUDA kernel library")
+    assert "some_new_capability_query" in out["message"] and "run the check on the GPU host" in out["message"]
+
+
+def test_the_cutlass_capability_answers_follow_vllms_cuda_build() -> None:
+    answers = preflight.platform._kernel_queries()
+    fp8, block, fp4 = (answers[f"cutlass_scaled_mm_supports_{k}"] for k in ("fp8", "block_fp8", "fp4"))
+    assert [fp8(c) for c in (80, 86, 89, 90, 100)] == [False, False, True, True, True]
+    assert [block(c) for c in (89, 90, 100, 120)] == [False, True, True, True]
+    assert [fp4(c) for c in (90, 100, 120)] == [False, True, True]

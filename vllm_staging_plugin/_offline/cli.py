@@ -136,7 +136,8 @@ exit codes:
   2  bad arguments: vLLM rejects the `vllm serve` arguments, a missing model folder, a bad
      --order or STAGING_PLUGIN_ORDER (the message names which)
   3  cannot check on this machine: vLLM cannot inspect the model or the configuration here
-     (the message says what to do); --json prints one object with "error" and "message"
+     (the message says what to do)
+  With --json, codes 2 and 3 print one object with "error" and "message" on stdout.
 
 examples:
   vllm-staging-plugin check
@@ -191,7 +192,7 @@ def build_parser() -> argparse.ArgumentParser:
         epilog=CHECK_EPILOG,
         formatter_class=raw,
     )
-    both = chk.add_argument_group("options")
+    both = chk.add_argument_group("check options")
     both.add_argument(
         "--order",
         default=None,
@@ -219,13 +220,15 @@ def build_parser() -> argparse.ArgumentParser:
         type=_positive,
         default=None,
         metavar="N",
-        help="GPUs on the emulated node (default: what the deployment uses on one node: "
-        "tensor x pipeline x local data parallel)",
+        help="GPUs on the emulated node (default: what the deployment uses on one node: tensor x pipeline "
+        "x prefill-context parallel, times --data-parallel-size-local, else every engine's GPUs spread over "
+        "--nnodes)",
     )
     demo = chk.add_argument_group("demonstration options (without `--`)")
     demo.add_argument(
         "--mode",
         default="FULL_AND_PIECEWISE",
+        choices=("FULL_AND_PIECEWISE", "FULL", "FULL_DECODE_ONLY", "PIECEWISE"),
         metavar="MODE",
         help="cudagraph mode of the synthetic configuration: FULL_AND_PIECEWISE (default), "
         "FULL, FULL_DECODE_ONLY or PIECEWISE",
@@ -308,4 +311,16 @@ def _run(parser: argparse.ArgumentParser, words: list[str], serve_args: list[str
         if args.json or args.gpu or args.gpus:
             pre = "--json, --gpu and --gpus belong to the pre-flight: add `-- MODEL [vllm serve arguments]`"
             _refuse(pre, args.json)
+        if args.order:
+            _order_or_refuse(args.order)
         return check(args)
+
+
+def _order_or_refuse(order: str) -> None:
+    """A bad --order of the main job: one line naming the flag, exit 2 (as the pre-flight does)."""
+    from .._engine.policies import validate_order
+
+    try:
+        validate_order(Settings(order=order))
+    except ConfigError as exc:
+        _refuse(f"--order {str(exc).removeprefix(f'{ENV_ORDER}=')}", as_json=False)

@@ -148,10 +148,11 @@ def _preimport() -> None:
 def _kernel_queries() -> dict[str, Any]:
     """Answers for the capability questions vLLM's config code asks its CUDA kernel library (quantized
     checkpoints: which CUTLASS GEMMs the GPU runs), as vLLM's CUDA build answers them: FP8 from sm_89,
-    block FP8 on sm_90 and sm_100, FP4 from sm_100. Asked only where ``torch.ops._C`` lacks them."""
+    block FP8 from sm_90, FP4 from sm_100 (CUDA 12.8+ builds). Asked only where ``torch.ops._C`` lacks
+    them."""
     return {
         "cutlass_scaled_mm_supports_fp8": lambda capability: capability >= 89,
-        "cutlass_scaled_mm_supports_block_fp8": lambda capability: capability in (90, 100),
+        "cutlass_scaled_mm_supports_block_fp8": lambda capability: capability >= 90,
         "cutlass_scaled_mm_supports_fp4": lambda capability: capability >= 100,
     }
 
