@@ -27,6 +27,8 @@ once (stock and patched) and the outcome is counted for every configuration that
   .venv/bin/python tools/stock_atlas.py --installed      # the installed vLLM only, full search
   .venv/bin/python tools/stock_atlas.py 0.30.0 0.33.0 --json /tmp/a.json
   .venv/bin/python tools/stock_atlas.py --installed --search widths  # writes docs/data/atlas/widths.json
+  .venv/bin/python tools/stock_atlas.py 0.30.0 0.31.0 0.32.0 --search widths --no-sweep \
+      --json docs/data/atlas/widths-0.30-0.32.json  # the replayed part on older releases
   .venv/bin/python tools/stock_atlas.py --table-from docs/data/atlas/widths.json  # + the operator tables
 """
 
@@ -376,7 +378,7 @@ def sweep(search: Search, feats: dict[str, bool]) -> dict[str, Any]:
     }
 
 
-def worker(scope: str, memo: bool) -> dict[str, Any]:
+def worker(scope: str, memo: bool, with_sweep: bool = True) -> dict[str, Any]:
     from vllm_staging_plugin._engine import compat
     from vllm_staging_plugin._offline import cpu_replay
 
@@ -484,7 +486,7 @@ def worker(scope: str, memo: bool) -> dict[str, Any]:
                     for g, c in cells.items()
                 },
                 "spotlight": spotlight,
-                "sweep": sweep(search, feats) if feats["kda_recoverssm"] else None,
+                "sweep": sweep(search, feats) if feats["kda_recoverssm"] and with_sweep else None,
             }
             if scope == "widths"
             else {}
@@ -496,11 +498,14 @@ def worker(scope: str, memo: bool) -> dict[str, Any]:
 # ---------------------------------------------------------------- driver: one subprocess per release
 
 
-def run_release(version: str, installed: str, scope: str, memo: bool) -> dict[str, Any]:
+def run_release(
+    version: str, installed: str, scope: str, memo: bool, with_sweep: bool = True
+) -> dict[str, Any]:
     sys.path.insert(0, str(ROOT / "tools"))
     import compat_matrix
 
     command = [sys.executable, str(Path(__file__)), "--worker", scope, *([] if memo else ["--no-memo"])]
+    command += [] if with_sweep else ["--no-sweep"]
     env = None
     if version != installed:
         env, probe, _ = compat_matrix.release_env(version)
@@ -669,6 +674,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--search", choices=["widths"], help=f"this search on every release (default path {WIDTHS_SUMMARY})"
     )
     parser.add_argument("--no-memo", action="store_true", help="replay every configuration")
+    parser.add_argument("--no-sweep", action="store_true", help="widths: the replayed part only, no sweep")
     parser.add_argument("--jobs", type=int, default=2)
     parser.add_argument("--json", type=Path, default=None, help=f"summary path (default {SUMMARY})")
     parser.add_argument("--table-from", type=Path, help="print the markdown table of a summary; no run")
@@ -683,7 +689,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     memo = not args.no_memo
     if args.worker:
-        print("ATLAS:" + json.dumps(worker(args.worker, memo)))
+        print("ATLAS:" + json.dumps(worker(args.worker, memo, not args.no_sweep)))
         return 0
     from importlib.metadata import version
 
@@ -698,7 +704,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     started = time.monotonic()
     with ThreadPoolExecutor(max_workers=max(args.jobs, 1)) as pool:  # the long full search starts first
         first = sorted(releases, key=lambda r: scope(r) != "full")
-        submitted = {r: pool.submit(run_release, r, installed, scope(r), memo) for r in first}
+        submitted = {
+            r: pool.submit(run_release, r, installed, scope(r), memo, not args.no_sweep) for r in first
+        }
         futures = [submitted[r] for r in releases]
         rows = []
         for future in futures:
