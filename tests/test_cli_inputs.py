@@ -67,6 +67,7 @@ CLOSED_HUB = {"HF_ENDPOINT": "http://127.0.0.1:9"}  # nothing listens there: the
          "model './missing-model': no such folder (a local model is a folder holding its config.json)"),
         (["--", "./missing-model"], {}, 2, "model './missing-model': no such folder"),
         (["--", "./config.json"], OFFLINE, 2, "model './config.json': a file, not a model folder"),
+        (["--", "qwen3x"], CLOSED_HUB, 2, "model 'qwen3x': no such folder; did you mean 'qwen3'?"),
         (["--", "Qwen/Qwen3-8B"], OFFLINE, 3,
          "model 'Qwen/Qwen3-8B' is not a local folder, not in the Hugging Face cache, and HF_HUB_OFFLINE"),
         (["--", "Qwen/Qwen3-8B"], CLOSED_HUB, 3,

@@ -273,3 +273,12 @@ def test_the_cutlass_capability_answers_follow_vllms_cuda_build() -> None:
     assert [fp8(c) for c in (80, 86, 89, 90, 100)] == [False, False, True, True, True]
     assert [block(c) for c in (89, 90, 100, 120)] == [False, True, True, True]
     assert [fp4(c) for c in (90, 100, 120)] == [False, True, True]
+
+
+@pytest.mark.usefixtures("offline")
+def test_a_check_option_after_the_separator_is_pointed_back_before_it(tmp_path: Path, capsys: Any) -> None:
+    model = model_dir(tmp_path / "qwen3", QWEN3_0_6B)
+    assert main(["check", "--", model, *NO_WEIGHTS, "--order", "ascending"]) == 2
+    err = capsys.readouterr().err
+    assert "unrecognized arguments: --order ascending" in err
+    assert "(--order: options of the check go before `--`)" in err

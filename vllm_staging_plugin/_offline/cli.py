@@ -183,7 +183,6 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="{check,report}")
     chk = sub.add_parser(
         "check",
-        help="check this installation, or pre-flight `-- MODEL [vllm serve arguments]`",
         usage=CHECK_USAGE,
         description="Without `--`: what is installed, whether the plugin would patch it, and a replay of "
         "vLLM's real staging code on a synthetic configuration. With `-- MODEL [vllm serve arguments]`: "
@@ -252,7 +251,6 @@ def build_parser() -> argparse.ArgumentParser:
     )
     rep = sub.add_parser(
         "report",
-        help="compare receipts per configuration and order policy",
         description="One table of what each capture staged and cost, per configuration, order and rank.",
         epilog=REPORT_EPILOG,
         formatter_class=raw,

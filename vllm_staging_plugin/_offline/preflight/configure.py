@@ -37,7 +37,11 @@ def parse_serve_arguments(argv: Sequence[str]) -> argparse.Namespace:
         if exc.code in (0, None):  # --help
             raise
         said = [line for line in errors.getvalue().splitlines() if "error:" in line]  # not the usage
-        raise BadArguments(said[-1].strip() if said else f"vllm serve exited with {exc.code}") from None
+        text = said[-1].strip() if said else f"vllm serve exited with {exc.code}"
+        ours = [w for w in argv if w.split("=", 1)[0] in CHECK_OPTIONS]
+        if "unrecognized arguments" in text and ours:
+            text += f" ({' '.join(ours)}: options of the check go before `--`)"
+        raise BadArguments(text) from None
     except Exception as exc:  # vLLM's own parser raised (a bad enum value in a JSON config: KeyError)
         raise BadArguments(f"{type(exc).__name__}: {exc}") from None
     if getattr(args, "model_tag", None) is not None:
@@ -49,6 +53,22 @@ def parse_serve_arguments(argv: Sequence[str]) -> argparse.Namespace:
     _model_folder_exists(str(args.model))
     _hub_model_reachable(str(args.model), getattr(args, "revision", None))
     return args
+
+
+def _typo_of_a_folder(model: str) -> None:
+    """A name that is no folder but close to one beside it is a mistyped folder (exit 2), not a hub name."""
+    import difflib
+    import os
+
+    parent, name = os.path.split(os.path.expanduser(model))
+    try:
+        folders = [e.name for e in os.scandir(parent or ".") if e.is_dir()]
+    except OSError:
+        return
+    close = difflib.get_close_matches(name, folders, n=1, cutoff=0.8)
+    if close:
+        guess = os.path.join(parent, close[0]) if parent else close[0]
+        raise BadArguments(f"model {model!r}: no such folder; did you mean {guess!r}?")
 
 
 def check_model_early(argv: Sequence[str]) -> None:
@@ -71,6 +91,8 @@ def _model_folder_exists(model: str) -> None:
         raise BadArguments(f"model {model!r}: {what} (a local model is a folder holding its config.json)")
 
 
+# The check's own options, which a user may put after `--` by mistake (vLLM's parser then refuses them).
+CHECK_OPTIONS = ("--order", "--json", "--gpu", "--gpus", "-v", "--verbose")
 HUB_TIMEOUT = 3.0  # seconds to wait for the hub's address before saying it cannot be reached
 
 
@@ -95,12 +117,13 @@ def _hub_model_reachable(model: str, revision: str | None) -> None:
         return
     if isinstance(cached, str):
         return
+    _typo_of_a_folder(model)
     fix = (f"put its config.json in a folder and give that folder (./{model.rsplit('/', 1)[-1]}), or run "
            "where the hub is reachable")  # fmt: skip
     if HF_HUB_OFFLINE:
         raise CannotCheckHere(
             f"model {model!r} is not a local folder, not in the Hugging Face cache, and HF_HUB_OFFLINE is "
-            f"set: {fix}"
+            f"set (unset it to fetch the config): {fix}"
         )
     host = urlparse(ENDPOINT).hostname or "huggingface.co"
     try:
