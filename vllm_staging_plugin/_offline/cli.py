@@ -316,9 +316,9 @@ def _run(parser: argparse.ArgumentParser, words: list[str], serve_args: list[str
 
 def _order_or_refuse(order: str) -> None:
     """A bad --order of the main job: one line naming the flag, exit 2 (as the pre-flight does)."""
-    from .._engine.policies import validate_order
+    from .preflight.configure import BadArguments, check_order
 
     try:
-        validate_order(Settings(order=order))
-    except ConfigError as exc:
-        _refuse(f"--order {str(exc).removeprefix(f'{ENV_ORDER}=')}", as_json=False)
+        check_order(order)
+    except BadArguments as exc:
+        _refuse(str(exc), as_json=False)

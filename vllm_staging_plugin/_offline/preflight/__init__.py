@@ -19,13 +19,15 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 from ... import __version__
-from ..._engine.settings import ENV_ORDER, ConfigError, Settings
+from ..._engine.settings import ENV_ORDER
 from . import workaround
 from .configure import (
     GPU_HOST,
     BadArguments,
     CannotCheckHere,
+    check_model,
     check_model_early,
+    check_order,
     create_engine_config,
     manager_inputs,
     parse_serve_arguments,
@@ -84,18 +86,11 @@ def run(
     phases = Phases()
     started = time.perf_counter()
     from ..._engine import compat
-    from ..._engine.policies import validate_order
 
-    try:
-        validate_order(Settings(order=order))
-    except ConfigError as exc:
-        text = str(exc)  # "STAGING_PLUGIN_ORDER='x': ...": name the flag instead when the flag gave it
-        if order_from != ENV_ORDER:
-            text = f"{order_from} {text.removeprefix(f'{ENV_ORDER}=')}"
-        raise BadArguments(text) from None
-    check_model_early(argv)
+    check_order(order, order_from)
+    checked = check_model_early(argv)
     from ..cpu_replay import cudagraph_module  # torch and vLLM: only once the arguments look right
-    from .replay import pipeline_stages, plugin_environment, replay_arm
+    from .replay import plugin_environment, replay_arm, replay_stock
 
     versions = compat.installed_versions()
     if versions["vllm"] is None:
@@ -104,8 +99,12 @@ def run(
         phases.add("imports", time.perf_counter() - started)  # vLLM's modules, under this machine's platform
 
         def configure(words: Sequence[str]) -> Any:
+            nonlocal checked
             # the parser's defaults build a DeviceConfig too, so it runs on the check's platform
             args = parse_serve_arguments(words)
+            if str(args.model) != checked:  # `--model X` or `--revision`: what the early check left
+                check_model(str(args.model), getattr(args, "revision", None))
+                checked = str(args.model)  # once: the workaround's replays keep the model
             if emulated:
                 type(platform).emulated_count = gpus or node_gpus(args)
             config = create_engine_config(args)
@@ -125,13 +124,13 @@ def run(
         inputs = manager_inputs(vllm_config)
         parallel = vllm_config.parallel_config
         stages: list[StageResult] = []
-        plan: dict[str, list[int]] = {}
         with phases.phase("replay"):
-            for stage in pipeline_stages(int(parallel.pipeline_parallel_size)):
-                stock, plan = replay_arm(vllm_config, inputs, patched=False, stage=stage)
+            runs = replay_stock(vllm_config, inputs)
+            for stage, stock, _ in runs:
                 with plugin_environment(order):
                     plugin, _ = replay_arm(vllm_config, inputs, patched=True, stage=stage)
                 stages.append(StageResult(stage.index, stage.staged, stock, plugin))
+        plan = runs[-1][2]  # vLLM's own plan (the same at every stage)
         compilation = vllm_config.compilation_config
         sizes = sorted(compilation.cudagraph_capture_sizes or [])
         fix = None
@@ -139,11 +138,9 @@ def run(
 
             def stock_check(words: Sequence[str]) -> tuple[bool, dict[str, list[int]], list[int]]:
                 config = configure(words)
-                again = manager_inputs(config)
-                depth = int(config.parallel_config.pipeline_parallel_size)
-                runs = [replay_arm(config, again, patched=False, stage=s) for s in pipeline_stages(depth)]
+                runs = replay_stock(config, manager_inputs(config))
                 used = sorted(config.compilation_config.cudagraph_capture_sizes or [])
-                return all(arm.ok for arm, _ in runs), runs[-1][1], used
+                return all(arm.ok for _, arm, _ in runs), runs[-1][2], used
 
             tokens = int(vllm_config.num_speculative_tokens)
             with phases.phase("workaround"):
@@ -167,7 +164,7 @@ def run(
         use_kda_recoverssm=bool(getattr(vllm_config.cache_config, "use_kda_recoverssm", False)),
         hidden_size=inputs.hidden_size,
         dtype=str(inputs.dtype).removeprefix("torch."),
-        capacity=max((n for tokens in plan.values() for n in tokens), default=0),
+        capacity=workaround.widest(plan),
         sequence=plan,
         stock=crashed.stock,
         plugin=failed.plugin,

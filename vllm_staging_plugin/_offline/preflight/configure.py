@@ -50,8 +50,6 @@ def parse_serve_arguments(argv: Sequence[str]) -> argparse.Namespace:
         validate_parsed_serve_args(args)
     except (ValueError, TypeError) as exc:
         raise BadArguments(f"{type(exc).__name__}: {exc}") from None
-    _model_folder_exists(str(args.model))
-    _hub_model_reachable(str(args.model), getattr(args, "revision", None))
     return args
 
 
@@ -71,12 +69,33 @@ def _typo_of_a_folder(model: str) -> None:
         raise BadArguments(f"model {model!r}: no such folder; did you mean {guess!r}?")
 
 
-def check_model_early(argv: Sequence[str]) -> None:
-    """The model checks of :func:`parse_serve_arguments`, before vLLM is imported (seconds sooner), for
-    the usual form where the model comes first."""
-    if argv and not argv[0].startswith("-"):
-        _model_folder_exists(argv[0])
-        _hub_model_reachable(argv[0], None)
+def check_order(order: str, source: str = "--order") -> None:
+    """A bad order (exit 2), named by where it came from: ``--order`` or STAGING_PLUGIN_ORDER."""
+    from ..._engine.policies import validate_order
+    from ..._engine.settings import ENV_ORDER, ConfigError, Settings
+
+    try:
+        validate_order(Settings(order=order))
+    except ConfigError as exc:
+        text = str(exc)  # "STAGING_PLUGIN_ORDER='x': ...": name the flag instead when the flag gave it
+        if source != ENV_ORDER:
+            text = f"{source} {text.removeprefix(f'{ENV_ORDER}=')}"
+        raise BadArguments(text) from None
+
+
+def check_model(model: str, revision: str | None) -> None:
+    """A missing or mistyped folder (exit 2), a hub name neither cached nor reachable (exit 3): one line."""
+    _model_folder_exists(model)
+    _hub_model_reachable(model, revision)
+
+
+def check_model_early(argv: Sequence[str]) -> str | None:
+    """:func:`check_model` before vLLM is imported (seconds sooner), for the usual form where the model
+    comes first and no ``--revision`` is given; returns the model it checked, else None."""
+    if not argv or argv[0].startswith("-") or any(w.startswith("--revision") for w in argv):
+        return None
+    check_model(argv[0], None)
+    return argv[0]
 
 
 def _model_folder_exists(model: str) -> None:

@@ -64,6 +64,12 @@ def pipeline_stages(pipeline_parallel_size: int) -> list[Stage]:
     return [Stage(0, True, False), *middle, Stage(pp - 1, False, True)]
 
 
+def replay_stock(vllm_config: Any, inputs: ManagerInputs) -> list[tuple[Stage, Arm, dict[str, list[int]]]]:
+    """Stock in vLLM's own order at every pipeline stage: (stage, arm, vLLM's plan) each."""
+    stages = pipeline_stages(int(vllm_config.parallel_config.pipeline_parallel_size))
+    return [(stage, *replay_arm(vllm_config, inputs, patched=False, stage=stage)) for stage in stages]
+
+
 def replay_arm(
     vllm_config: Any, inputs: ManagerInputs, patched: bool, stage: Stage = Stage(0, True, True)
 ) -> tuple[Arm, dict[str, list[int]]]:

@@ -59,23 +59,19 @@ class Preflight:
 
     @property
     def plugin_boots(self) -> bool:
-        return all(self._fits(s.plugin) for s in self.stages) if self.stages else self._fits(self.plugin)
+        return all(self._fits(s.plugin) for s in self.stages)
 
     @property
     def ranks_replayed(self) -> str:
         """Which ranks the replays stand for, in words."""
         tp, pp, dp = (self.parallel.get(k, 1) for k in ("tensor_parallel_size", "pipeline_parallel_size",
                                                          "data_parallel_size"))  # fmt: skip
-        last = self.stages[-1].index if self.stages else 0
-        parts = []
-        for s in self.stages:
-            role = (
-                "last" if s.index == last else "first" if s.index == 0 else f"middle, for stages 1-{pp - 2}"
-            )
-            parts.append(f"{s.index} ({role}: {s.staged})")
         if pp == 1:
             text = "replayed the only pipeline stage (hidden_states)"
         else:
+            role = {0: "first", pp - 1: "last"}
+            parts = [f"{s.index} ({role.get(s.index, f'middle, for stages 1-{pp - 2}')}: {s.staged})"
+                     for s in self.stages]  # fmt: skip
             text = f"replayed pipeline stages {', '.join(parts)} of {pp}"
         if tp > 1:
             whose = "the" if pp == 1 else "each stage's"

@@ -56,6 +56,11 @@ def graphs(plan: dict[str, list[int]]) -> int:
     return sum(len(tokens) for tokens in plan.values())
 
 
+def widest(plan: dict[str, list[int]]) -> int:
+    """The largest descriptor's ``num_tokens``: the rows every staging buffer needs (0: no graph)."""
+    return max((n for tokens in plan.values() for n in tokens), default=0)
+
+
 def find(
     argv: Sequence[str],
     sizes: Sequence[int],
@@ -67,7 +72,7 @@ def find(
     """The cheapest verified grid: the operator's plus one size (the largest FULL descriptor, else that
     rounded up to a multiple of every decode query length, which no tier rounds further), else grown by
     the largest descriptor until stock boots (at most ATTEMPTS replays)."""
-    capacity = max(n for tokens in plan.values() for n in tokens)
+    capacity = widest(plan)
     common = math.lcm(*query_lengths) if query_lengths else 1
     single = dict.fromkeys([capacity, -(-capacity // common) * common])
     tried: tuple[list[int], dict[str, list[int]], list[str], str | None] | None = None
@@ -82,7 +87,7 @@ def find(
     for _ in range(ATTEMPTS):
         if note is not None:
             break
-        grid = sorted({*grid, max(n for tokens in current.values() for n in tokens)})
+        grid = sorted({*grid, widest(current)})
         ok, current, words, note = _verify(argv, grid, stock_check)
         if ok:
             return _answer(argv, grid, words, current, plan, speculative_tokens, stock_check)
