@@ -33,20 +33,20 @@ class Records(logging.Handler):
 
 @pytest.fixture(autouse=True)
 def clean_plugin_state(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    """Every test starts with no plugin variables set and a fresh installer (one warning per process)."""
+    """Every test starts with no plugin variables set and ends with the process as it found it."""
     for key in list(os.environ):
         if key.startswith("STAGING_PLUGIN"):
             monkeypatch.delenv(key)
-    from vllm_staging_plugin._engine import installer
-
-    monkeypatch.setattr(installer.INSTALLER, "refused", False)
-    monkeypatch.setattr(installer.INSTALLER, "announced", False)
-    monkeypatch.setattr(installer.INSTALLER, "v1_warned", False)
-    monkeypatch.setattr(installer.INSTALLER, "foreign_warned", False)
-    monkeypatch.setattr(installer.INSTALLER, "agreement_rounds", {})
     yield
-    installer.INSTALLER.uninstall()  # no test may leak a wrapped class, a hook or the Ray variable
-    assert not installer.INSTALLER.classes
+    import vllm_staging_plugin
+    from vllm_staging_plugin._engine.import_hook import PostImportHook
+    from vllm_staging_plugin._engine.wrapping import is_plugin_wrapper
+
+    vllm_staging_plugin.unregister()  # no test may leak a wrapped class, a hook or the Ray variable
+    assert not [f for f in sys.meta_path if isinstance(f, PostImportHook)]
+    module = sys.modules.get("vllm.v1.worker.gpu.cudagraph_utils")
+    cls = getattr(module, "ModelCudaGraphManager", None)
+    assert cls is None or not any(is_plugin_wrapper(cls.__dict__.get(n)) for n in ("__init__", "capture"))
 
 
 @pytest.fixture

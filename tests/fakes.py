@@ -103,3 +103,25 @@ def config() -> Any:
     sizes = [1, 2, 4, 8]
     compilation = types.SimpleNamespace(cudagraph_capture_sizes=sizes)
     return types.SimpleNamespace(compilation_config=compilation, model_config=None)
+
+
+def is_patched(cls: type) -> bool:
+    """Whether the plugin's wrappers sit in ``cls``'s own ``__dict__``."""
+    from vllm_staging_plugin._engine.wrapping import is_plugin_wrapper
+
+    return any(is_plugin_wrapper(cls.__dict__.get(name)) for name in ("__init__", "capture"))
+
+
+def installed() -> Any:
+    """The process's installer that ``register()`` built (None before it, or after ``unregister()``)."""
+    import vllm_staging_plugin
+
+    return vllm_staging_plugin._installed
+
+
+def policy_order(order: str, mode: str, descriptors: Any) -> list[Any]:
+    """The descriptors in the order the named policy (built-in or installed) chooses."""
+    from vllm_staging_plugin._engine.policies import PolicyRegistry
+    from vllm_staging_plugin._engine.settings import Settings
+
+    return PolicyRegistry.load().order(Settings(order=order), mode, descriptors)

@@ -8,12 +8,25 @@ import sys
 from typing import Any
 
 import pytest
-from fakes import FULL, PIECEWISE, FakeManager, config, descs, fresh_class, install_fake_module, make_module
+from fakes import (
+    FULL,
+    PIECEWISE,
+    FakeManager,
+    config,
+    descs,
+    fresh_class,
+    install_fake_module,
+    installed,
+    is_patched,
+    make_module,
+)
 
 import vllm_staging_plugin
-from vllm_staging_plugin._engine import compat, installer, patch
+from vllm_staging_plugin._engine import compat
 from vllm_staging_plugin._engine.import_hook import PostImportHook
-from vllm_staging_plugin._engine.installer import INSTALLER, RAY_PREFIXES_VARIABLE, V1_RUNNER_MODULE
+from vllm_staging_plugin._engine.installer import RAY_PREFIXES_VARIABLE, Installer
+from vllm_staging_plugin._engine.runner_guard import V1_RUNNER_MODULE, RunnerGuard
+from vllm_staging_plugin._engine.settings import Settings
 
 
 def plugin_hooks() -> list[str]:
@@ -43,7 +56,7 @@ def test_register_then_unregister_leaves_the_process_as_it_was(
     assert os.environ[RAY_PREFIXES_VARIABLE] == "MYCO_,STAGING_PLUGIN_"
     vllm_staging_plugin.unregister()
     assert sys.meta_path == meta_path and dict(os.environ) == environ
-    assert not INSTALLER.classes
+    assert installed() is None
 
 
 def test_a_hook_leaves_sys_meta_path_when_it_fires(
@@ -56,7 +69,7 @@ def test_a_hook_leaves_sys_meta_path_when_it_fires(
     )
     module = make_module(fresh_class())
     hook.fire(module)  # what the hooked loader does once vLLM's module body ran
-    assert compat.CUDAGRAPH_MODULE not in plugin_hooks() and patch.is_patched(module.ModelCudaGraphManager)
+    assert compat.CUDAGRAPH_MODULE not in plugin_hooks() and is_patched(module.ModelCudaGraphManager)
     build(module.ModelCudaGraphManager)  # a V2 manager: the V1 guard will never be needed here
     assert plugin_hooks() == []
 
@@ -75,7 +88,7 @@ def test_a_v1_runner_takes_the_patch_hook_away(
     v1.GPUModelRunner()  # vLLM chose V1 in this worker: no manager will ever be built
     assert plugin_hooks() == []
     vllm_staging_plugin.unregister()
-    assert "__init__" in v1.GPUModelRunner.__dict__ and v1.GPUModelRunner not in INSTALLER.classes
+    assert v1.GPUModelRunner.__dict__["__init__"].__name__ == "<lambda>"  # vLLM's own, back
 
 
 def test_unwrap_leaves_a_foreign_wrapper_and_makes_its_own_a_pass_through(
@@ -100,7 +113,7 @@ def test_unwrap_leaves_a_foreign_wrapper_and_makes_its_own_a_pass_through(
     with pytest.raises(RuntimeError, match="must match the existing size"):  # our wrapper passes through
         manager.capture()
     vllm_staging_plugin.register()  # wrapping again is possible and takes effect
-    assert installer.INSTALLER.classes
+    assert is_patched(cls)
 
 
 def test_disabled_registers_nothing_but_the_ray_prefix(
@@ -109,25 +122,26 @@ def test_disabled_registers_nothing_but_the_ray_prefix(
     monkeypatch.setenv("STAGING_PLUGIN_DISABLE", "1")
     monkeypatch.delenv(RAY_PREFIXES_VARIABLE, raising=False)
     vllm_staging_plugin.register()
-    assert plugin_hooks() == [] and not INSTALLER.classes
+    assert plugin_hooks() == [] and installed().patch is None
     assert os.environ[RAY_PREFIXES_VARIABLE] == "STAGING_PLUGIN_"  # Ray actors must see the kill switch
     vllm_staging_plugin.unregister()
     assert RAY_PREFIXES_VARIABLE not in os.environ
 
 
 def test_a_fresh_installer_has_changed_nothing() -> None:
-    fresh = installer.Installer()
-    assert fresh.classes == {} and fresh.agreement_rounds == {}
-    assert (fresh.refused, fresh.announced, fresh.v1_warned, fresh.foreign_warned) == (False,) * 4
+    fresh = Installer(Settings())
+    assert fresh.patch is None and fresh.guard.wrap is None and not fresh.installed
     environ = dict(os.environ)
     fresh.restore_ray_variable()  # nothing was changed: nothing to restore
     assert dict(os.environ) == environ
 
 
 def test_install_and_uninstall_own_exactly_their_hooks(monkeypatch: pytest.MonkeyPatch) -> None:
+    from vllm_staging_plugin._engine import installer
+
     monkeypatch.setattr(installer, "CUDAGRAPH_MODULE", "no_such_pkg.cudagraph_utils")
     monkeypatch.setattr(installer, "V1_RUNNER_MODULE", "no_such_pkg.gpu_model_runner")
-    fresh = installer.Installer()
+    fresh = Installer(Settings())
     fresh.install()
     assert sorted(plugin_hooks()) == ["no_such_pkg.cudagraph_utils", "no_such_pkg.gpu_model_runner"]
     fresh.uninstall()
@@ -137,15 +151,16 @@ def test_install_and_uninstall_own_exactly_their_hooks(monkeypatch: pytest.Monke
 def test_a_v2_manager_unwraps_the_v1_guard(monkeypatch: pytest.MonkeyPatch) -> None:
     from types import ModuleType
 
-    from vllm_staging_plugin._engine import runner_guard
-
     v1 = ModuleType(V1_RUNNER_MODULE)
     original = lambda self: None  # noqa: E731
     v1.GPUModelRunner = type("GPUModelRunner", (), {"__init__": original, "__module__": V1_RUNNER_MODULE})  # type: ignore[attr-defined]
-    runner_guard.guard(v1)
-    assert v1.GPUModelRunner in INSTALLER.classes
-    INSTALLER.model_runner_v2_chosen()
-    assert v1.GPUModelRunner not in INSTALLER.classes and v1.GPUModelRunner.__dict__["__init__"] is original
+    cls = install_fake_module(monkeypatch).ModelCudaGraphManager
+    vllm_staging_plugin.register()
+    guard: RunnerGuard = installed().guard
+    guard.install(v1)
+    assert v1.GPUModelRunner.__dict__["__init__"] is not original
+    build(cls)
+    assert v1.GPUModelRunner.__dict__["__init__"] is original and guard.wrap is None
 
 
 def test_the_foreign_wrapper_warning_word_for_word_and_once(
@@ -158,9 +173,9 @@ def test_the_foreign_wrapper_warning_word_for_word_and_once(
         setattr(cls, name, functools.wraps(wrapper)(lambda self, *a, _w=wrapper, **k: _w(self, *a, **k)))
     vllm_staging_plugin.unregister()
     assert plugin_log.warnings == [
-        "vllm-staging-plugin: ModelCudaGraphManager.__init__ was wrapped by another tool after this "
-        "plugin; that wrapper is left in place and the plugin's own, inside it, now passes every call "
-        "straight to vLLM"
+        "vllm-staging-plugin: ModelCudaGraphManager.__init__ and ModelCudaGraphManager.capture were "
+        "wrapped by another tool after this plugin; that wrapper is left in place and the plugin's own, "
+        "inside it, now passes every call straight to vLLM"
     ]
     manager = build(cls)  # through the foreign __init__ and the plugin's inert one: no plugin state
     assert "_vllm_staging" not in vars(manager)
@@ -173,9 +188,9 @@ def test_a_ray_variable_changed_in_a_given_mapping_is_not_restored_in_os_environ
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.delenv(RAY_PREFIXES_VARIABLE, raising=False)
-    fresh = installer.Installer()
     mapping = {"STAGING_PLUGIN_ORDER": "ascending"}
-    fresh.forward_to_ray_workers(mapping)
+    fresh = Installer(Settings(), environ=mapping)
+    fresh.forward_to_ray_workers()
     assert mapping[RAY_PREFIXES_VARIABLE] == "STAGING_PLUGIN_"
     monkeypatch.setenv(RAY_PREFIXES_VARIABLE, "MINE_")
     fresh.restore_ray_variable()  # it changed a mapping, not this process's environment

@@ -8,11 +8,23 @@ from typing import Any
 
 import pytest
 import torch
-from fakes import FULL, PIECEWISE, FakeManager, config, descs, fresh_class, install_fake_module, make_module
+from fakes import (
+    FULL,
+    PIECEWISE,
+    FakeManager,
+    config,
+    descs,
+    fresh_class,
+    install_fake_module,
+    installed,
+    is_patched,
+    make_module,
+    policy_order,
+)
 
 import vllm_staging_plugin
-from vllm_staging_plugin._engine import compat, installer, patch, staging
-from vllm_staging_plugin._engine.policies import order_descriptors
+from vllm_staging_plugin._engine import compat, staging
+from vllm_staging_plugin._engine.patch import ManagerPatch
 from vllm_staging_plugin._engine.settings import Settings
 from vllm_staging_plugin._engine.staging import StagingError
 
@@ -32,9 +44,7 @@ def ascending(manager: Any) -> None:
 @pytest.fixture
 def fake_module(monkeypatch: pytest.MonkeyPatch) -> Any:
     """The fake class installed where register() looks for vLLM's module, on a supported platform."""
-    module = install_fake_module(monkeypatch)
-    yield module
-    patch.unpatch(module.ModelCudaGraphManager)
+    return install_fake_module(monkeypatch)
 
 
 def test_register_twice_patches_once(fake_module: Any) -> None:
@@ -42,9 +52,9 @@ def test_register_twice_patches_once(fake_module: Any) -> None:
     vllm_staging_plugin.register()
     first = (cls.__dict__["__init__"], cls.__dict__["capture"])
     vllm_staging_plugin.register()
-    assert patch.is_patched(cls)
+    assert is_patched(cls)
     assert (cls.__dict__["__init__"], cls.__dict__["capture"]) == first
-    assert installer.INSTALLER.classes[cls].originals["__init__"] is FakeManager.__init__
+    assert installed().patch.wrap.stock["__init__"] is FakeManager.__init__
 
 
 def test_unpatch_restores_class_exactly(fake_module: Any) -> None:
@@ -54,7 +64,8 @@ def test_unpatch_restores_class_exactly(fake_module: Any) -> None:
     assert dict(cls.__dict__) != before
     vllm_staging_plugin.unregister()
     assert dict(cls.__dict__) == before
-    assert not patch.unpatch(cls)  # second unpatch is a no-op
+    vllm_staging_plugin.unregister()  # a second unregister() is a no-op
+    assert dict(cls.__dict__) == before
 
 
 def test_patched_manager_survives_ascending_order(fake_module: Any, plugin_log: Any) -> None:
@@ -93,7 +104,7 @@ def test_nothing_to_capture_allocates_nothing(fake_module: Any) -> None:
 def test_kill_switch_leaves_vllm_untouched(fake_module: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("STAGING_PLUGIN_DISABLE", "1")
     vllm_staging_plugin.register()
-    assert not patch.is_patched(fake_module.ModelCudaGraphManager)
+    assert not is_patched(fake_module.ModelCudaGraphManager)
 
 
 def test_register_waits_for_vllms_import_instead_of_importing(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -155,7 +166,7 @@ def test_fault_leaves_stock_manager_and_one_warning(
             else build(cls)
         )
         manager.capture()  # stock: works in vLLM's descending order
-        assert not patch.is_patched(cls)
+        assert not is_patched(cls)
         assert staging.state_of(manager) is None
         build_again = cls  # a second manager in the same process: still one warning
         if fault != "signature changed":
@@ -169,7 +180,7 @@ def test_unsupported_platform_is_refused(
 ) -> None:
     monkeypatch.setattr(compat, "platform_name", lambda: "oot")
     vllm_staging_plugin.register()
-    assert not patch.is_patched(fake_module.ModelCudaGraphManager)
+    assert not is_patched(fake_module.ModelCudaGraphManager)
     assert len(plugin_log.warnings) == 1 and "platform 'oot'" in plugin_log.warnings[0]
 
 
@@ -182,7 +193,7 @@ def test_allocation_failure_stops_with_a_clear_error_or_is_not_needed(
     vllm_staging_plugin.register()
     mocker.patch.object(staging, "presized", side_effect=torch.OutOfMemoryError("CUDA out of memory"))
     manager = build(fake_module.ModelCudaGraphManager, sizes=([1, 2, 4, 8, 16], [1, 2, 3]))
-    first = order_descriptors(Settings(order=order), "PIECEWISE", manager._capture_descs[PIECEWISE])[0]
+    first = policy_order(order, "PIECEWISE", manager._capture_descs[PIECEWISE])[0]
     if first.num_tokens == 16:  # largest first (descending, max-first, shuffle:3): capacity rows already
         manager.capture()
         assert manager.hidden_states.shape == (16, 8)
@@ -268,6 +279,6 @@ def test_an_unexpected_error_in_the_structure_check_is_one_warning_naming_it(
         raise KeyError("renamed")
 
     monkeypatch.setattr(compat, "manager_class", broken)
-    patch.patch_module(make_module(fresh_class()))  # never breaks the import of vLLM's module
+    ManagerPatch(Settings()).install(make_module(fresh_class()))  # never breaks the import of vLLM's module
     assert len(plugin_log.warnings) == 1 and "inactive" in plugin_log.warnings[0]
     assert "KeyError: 'renamed'" in plugin_log.warnings[0]

@@ -12,49 +12,56 @@ part never imports the offline part.
 from __future__ import annotations
 
 import logging
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from ._engine.installer import Installer
 
 __version__ = "0.1.0"
 __all__ = ["__version__", "register", "unregister"]
 
 logger = logging.getLogger("vllm.staging_plugin")
 
+_installed: Installer | None = None
+"""This process's installer, set by :func:`register` (vLLM calls it once per process; later calls
+find it here and do nothing) and cleared by :func:`unregister`."""
+
 
 def register() -> None:
-    """Entry point: arrange for ``ModelCudaGraphManager`` to be patched in this process.
+    """Entry point: read the plugin's variables once and install the patch for this process.
 
     A bad ``STAGING_PLUGIN_*`` value raises :class:`~vllm_staging_plugin._engine.settings.ConfigError`
     here, the earliest point of start-up (vLLM calls ``register()`` in the front end before any model
     loads, and does not swallow its exceptions). Nothing else raises unless strict mode is on.
     """
-    from ._engine.settings import DEFAULT_ORDER, ENV_ORDER, read_settings, strict_requested
+    global _installed
+    if _installed is not None:
+        return
+    from ._engine.installer import Installer
+    from ._engine.settings import DEFAULT_ORDER, read_settings
 
     settings = read_settings()  # ConfigError propagates: fail fast, naming the variable
+    policies = None
     if settings.order != DEFAULT_ORDER and not settings.disabled:
-        from ._engine.policies import validate_order
+        from ._engine.policies import PolicyRegistry
 
-        validate_order(settings)  # unknown policy or bad argument: ConfigError, before the model loads
-    from ._engine.installer import INSTALLER
-
-    if settings.disabled:
-        INSTALLER.forward_to_ray_workers()  # Ray actors must see the kill switch too
-        if settings.order != DEFAULT_ORDER:
-            logger.warning(
-                "vllm-staging-plugin is disabled (STAGING_PLUGIN_DISABLE); %s=%s is ignored "
-                "and vLLM captures in its own descending order",
-                ENV_ORDER,
-                settings.order,
-            )
-        return
+        policies = PolicyRegistry.load(settings.strict)
+        policies.validate(settings)  # unknown policy or bad argument: ConfigError, before the model loads
+    installer = Installer(settings, policies)
     try:
-        INSTALLER.install()
+        installer.install()
     except Exception as exc:
-        if strict_requested():
+        installer.uninstall()
+        if settings.strict:
             raise
         logger.warning("vllm-staging-plugin could not register, vLLM runs unpatched: %s", exc)
+        return
+    _installed = installer
 
 
 def unregister() -> None:
     """Undo :func:`register`: hooks, wrappers (only the plugin's own) and the Ray variable."""
-    from ._engine.installer import INSTALLER
-
-    INSTALLER.uninstall()
+    global _installed
+    installer, _installed = _installed, None
+    if installer is not None:
+        installer.uninstall()

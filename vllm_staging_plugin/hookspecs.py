@@ -1,9 +1,20 @@
 """pluggy hook specifications for capture-order policies.
 
+A policy package registers an object or module with ``@hookimpl`` functions under the entry-point group
+``vllm_staging_plugin.order_policies``. The contract:
+
+* ``staging_order_policies`` declares the names the package implements. The plugin asks a package
+  only about the names it declared: a hook that answers every name cannot take over another
+  package's policy or a built-in. The built-in names (``descending``, ``ascending``, ``max-first``,
+  ``shuffle``) are reserved; a name two packages declare belongs to the one loaded first.
+* ``staging_validate_order`` (optional) checks a policy's argument at start-up, before the model loads.
+  Any exception it raises stops start-up as a ``ConfigError`` naming ``STAGING_PLUGIN_ORDER``, the
+  policy and the exception. Without it, ``staging_capture_order`` is called once with no descriptors.
+* ``staging_capture_order`` returns one mode's descriptors in capture order: a permutation of its input.
+
 A policy is a pure function of (policy name, argument, mode, descriptors): every tensor-, pipeline- and
 data-parallel rank calls it with the same inputs and so captures in the same order. No RNG without a
-seed, no clock, no per-rank memory readings. Third-party packages register an object or module with
-``@hookimpl`` functions under the entry-point group ``vllm_staging_plugin.order_policies``.
+seed, no clock, no per-rank memory readings.
 """
 
 from __future__ import annotations
@@ -20,15 +31,20 @@ hookimpl = pluggy.HookimplMarker(PROJECT_NAME)
 
 @hookspec
 def staging_order_policies() -> list[str]:  # type: ignore[empty-body]
-    """Names of the policies this plugin implements (for validation and ``--help`` listings)."""
+    """The policy names this package implements; it is asked about these names only."""
 
 
-@hookspec(firstresult=True)
+@hookspec
+def staging_validate_order(policy: str, argument: str | None) -> None:
+    """Raise (``ValueError`` is customary) when ``argument`` is not valid for ``policy``."""
+
+
+@hookspec
 def staging_capture_order(  # type: ignore[empty-body]
     policy: str, argument: str | None, mode: str, descriptors: tuple[Any, ...]
-) -> Sequence[Any] | None:
+) -> Sequence[Any]:
     """Return ``descriptors`` (one mode's list, in vLLM's descending order) in capture order.
 
-    Return None when ``policy`` is not yours. Raise ValueError for a bad ``argument``; it is
-    reported against ``STAGING_PLUGIN_ORDER``. The result must be a permutation of ``descriptors``.
+    Called only for a ``policy`` this package declared. The result must be a permutation of
+    ``descriptors``.
     """

@@ -25,7 +25,6 @@ from collections.abc import Mapping, Sequence
 from datetime import timedelta
 from typing import Any
 
-from .installer import INSTALLER
 from .settings import ENV_ORDER, Settings
 from .sizing import capture_sequence, staging_capacity
 
@@ -97,12 +96,22 @@ def _model_is_moe(vllm_config: Any) -> bool:
         return False
 
 
-def check(mine: dict[str, Any], store: Any, rank: int, ranks: Sequence[int], wait_seconds: float) -> int:
-    """Publish ``mine`` as ``rank``, compare with each of ``ranks``; :class:`AgreementError` on a split."""
+def check(
+    mine: dict[str, Any],
+    store: Any,
+    rank: int,
+    ranks: Sequence[int],
+    wait_seconds: float,
+    rounds: dict[str, int],
+) -> int:
+    """Publish ``mine`` as ``rank``, compare with each of ``ranks``; :class:`AgreementError` on a split.
+
+    ``rounds`` counts this process's checks per coupled set, the same count on coupled ranks: they build
+    and capture the same managers together.
+    """
     namespace = f"{KEY_PREFIX}/{ranks[0]}-{ranks[-1]}"
-    # the same count on coupled ranks: they build and capture the same managers together
-    round_ = INSTALLER.agreement_rounds.get(namespace, 0)
-    INSTALLER.agreement_rounds[namespace] = round_ + 1
+    round_ = rounds.get(namespace, 0)
+    rounds[namespace] = round_ + 1
     prefix = f"{namespace}/{round_}"
     store.set(f"{prefix}/{rank}", json.dumps(mine, sort_keys=True))
     keys = [f"{prefix}/{r}" for r in ranks]
@@ -144,24 +153,32 @@ def _missing(mine: Mapping[str, Any], missing: list[int], wait_seconds: float) -
     )
 
 
-def check_coupled_ranks(
-    settings: Settings, ordered: Mapping[Any, Sequence[Any]], vllm_config: Any
-) -> int | None:
-    """:func:`check` among the ranks coupled with this one; the count that agreed, None when alone."""
-    import torch.distributed as dist
+class Agreement:
+    """The manager patch's agreement checks in one process: the round count per coupled set."""
 
-    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() < 2:
-        return None
-    parallel = vllm_config.parallel_config
-    ranks = coupled_ranks(
-        dist.get_rank(),
-        dist.get_world_size(),
-        engine_size(parallel),
-        int(parallel.data_parallel_size),
-        _model_is_moe(vllm_config),
-    )
-    if len(ranks) < 2:
-        return None
-    from torch.distributed.distributed_c10d import _get_default_store
+    def __init__(self, wait_seconds: float = WAIT_SECONDS) -> None:
+        self.wait_seconds = wait_seconds
+        self.rounds: dict[str, int] = {}
 
-    return check(plan(settings, ordered), _get_default_store(), dist.get_rank(), ranks, WAIT_SECONDS)
+    def check_coupled_ranks(
+        self, settings: Settings, ordered: Mapping[Any, Sequence[Any]], vllm_config: Any
+    ) -> int | None:
+        """:func:`check` among the ranks coupled with this one; the count that agreed, None when alone."""
+        import torch.distributed as dist
+
+        if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() < 2:
+            return None
+        parallel = vllm_config.parallel_config
+        ranks = coupled_ranks(
+            dist.get_rank(),
+            dist.get_world_size(),
+            engine_size(parallel),
+            int(parallel.data_parallel_size),
+            _model_is_moe(vllm_config),
+        )
+        if len(ranks) < 2:
+            return None
+        from torch.distributed.distributed_c10d import _get_default_store
+
+        mine = plan(settings, ordered)
+        return check(mine, _get_default_store(), dist.get_rank(), ranks, self.wait_seconds, self.rounds)

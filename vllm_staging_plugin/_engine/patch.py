@@ -1,6 +1,6 @@
 """The patch on ``ModelCudaGraphManager``, with the registry of every change the plugin makes to vLLM.
 
-Patch registry (vllm-ascend's fields; the installer in :mod:`.installer` applies and undoes each one):
+Patch registry (vllm-ascend's fields; :class:`~.installer.Installer` applies and undoes each one):
 
 ``vllm.v1.worker.gpu.cudagraph_utils.ModelCudaGraphManager.__init__`` (wrapped)
     Why: vLLM allocates the staging buffers (``hidden_states``, ``aux_hidden_states``,
@@ -21,6 +21,9 @@ Patch registry (vllm-ascend's fields; the installer in :mod:`.installer` applies
     only while pre-sizing), move the manager instance (``__class__``) into a per-class look-alike subclass
     whose set-only slots see vLLM's first assignment (:mod:`.staging`); vLLM's class itself carries no slot.
     The manager holds one plugin attribute, ``_vllm_staging`` (settings, capacity, ranks agreed).
+    Stands down by behaviour: when vLLM's own first buffer already holds the capacity although the first
+    descriptor captured is smaller, vLLM pre-sizes; one INFO line, and later captures in the process
+    leave vLLM's staging alone (the order knob keeps working).
     Upstream PR: as above. Removal: as above; the order knob would then need an upstream hook.
 ``vllm.v1.worker.gpu_model_runner.GPUModelRunner.__init__`` (wrapped, :mod:`.runner_guard`)
     Why: on the V1 runner there is no manager and the plugin would be silently inactive.
@@ -38,17 +41,14 @@ Patch registry (vllm-ascend's fields; the installer in :mod:`.installer` applies
 
 from __future__ import annotations
 
-import functools
 import logging
-import os
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, nullcontext
 from types import ModuleType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from . import compat
-from .installer import INSTALLER, Wrapped
-from .settings import DEFAULT_ORDER, ENV_ORDER, ENV_STRICT, Settings, read_settings, strict_requested
+from .settings import DEFAULT_ORDER, ENV_ORDER, ENV_STRICT, Settings
 from .sizing import staging_capacity
 from .staging import (
     STAGING_ATTRS,
@@ -56,36 +56,96 @@ from .staging import (
     ManagerState,
     capture_view,
     ensure_capacity,
+    first_tokens,
     intercepting,
     state_of,
 )
+from .wrapping import ClassWrap, plugin_wrapper
+
+if TYPE_CHECKING:
+    from .agreement import Agreement
+    from .policies import PolicyRegistry
 
 logger = logging.getLogger("vllm.staging_plugin")
 WRAPPED = ("__init__", "capture")
 
 
-def patch_module(module: ModuleType) -> None:
-    """Called once ``cudagraph_utils`` is imported: check the structure and platform, then patch."""
-    try:
-        cls = compat.manager_class(module)
-        compat.check_platform()
-    except compat.IncompatibleVllm as exc:
-        refuse(str(exc))
-        return
-    except Exception as exc:  # never break the import of vLLM's module
-        refuse(f"{type(exc).__name__}: {exc}")
-        return
-    patch(cls)
+class ManagerPatch:
+    """The wrappers on ``ModelCudaGraphManager`` for one :class:`Settings`, and what they learnt.
 
+    The installer builds one per process from ``register()``'s settings; an offline tool builds its
+    own with the settings it chooses and applies it for a block (:meth:`applied_to`).
+    """
 
-def refuse(reason: str, strict: bool | None = None) -> None:
-    """Leave vLLM stock with exactly one warning per process, or raise in strict mode."""
-    if strict_requested() if strict is None else strict:
-        raise compat.IncompatibleVllm(f"vllm-staging-plugin (strict mode): {reason}")
-    if not INSTALLER.refused:
-        INSTALLER.refused = True
-        order = os.environ.get(ENV_ORDER, "").strip()
-        ignored = f" {ENV_ORDER}={order} is NOT applied." if order not in ("", DEFAULT_ORDER) else ""
+    def __init__(
+        self,
+        settings: Settings,
+        policies: PolicyRegistry | None = None,
+        on_manager_built: Callable[[], None] | None = None,
+    ) -> None:
+        self.settings = settings
+        self.policies = policies
+        self.on_manager_built = on_manager_built
+        self.wrap: ClassWrap | None = None
+        self.refused = False  # the one "inactive" warning of this process was given
+        self.announced = False  # the first manager is logged at INFO, later ones at DEBUG
+        self.vllm_presizes = False  # seen: vLLM's own staging already holds the largest descriptor
+        self.foreign: list[str] = []
+        self._agreement: Agreement | None = None
+        self._views: dict[tuple[type, tuple[str, ...]], type] = {}
+
+    # -- install / uninstall ------------------------------------------------------------------------
+
+    def install(self, module: ModuleType) -> None:
+        """Called once ``cudagraph_utils`` is imported: check the structure and platform, then patch."""
+        try:
+            cls = compat.manager_class(module)
+            compat.check_platform()
+        except compat.IncompatibleVllm as exc:
+            self.refuse(str(exc))
+            return
+        except Exception as exc:  # never break the import of vLLM's module
+            self.refuse(f"{type(exc).__name__}: {exc}")
+            return
+        self.patch(cls)
+
+    def patch(self, cls: type) -> bool:
+        """Install the wrappers on ``cls``; False if this patch already holds a class."""
+        if self.wrap is not None:
+            return False
+        wrap = ClassWrap(cls, WRAPPED)
+        wrap.apply({"__init__": self._wrap_init(wrap), "capture": self._wrap_capture(wrap)})
+        self.wrap = wrap
+        logger.debug("patched %s.%s (__init__, capture)", cls.__module__, cls.__name__)
+        return True
+
+    def uninstall(self) -> list[str]:
+        """Restore what the class held; returns the names another tool wrapped meanwhile (left alone)."""
+        wrap, self.wrap = self.wrap, None
+        if wrap is None:
+            return []
+        foreign = wrap.restore()
+        self.foreign.extend(foreign)
+        return foreign
+
+    @contextmanager
+    def applied_to(self, cls: type) -> Iterator[ManagerPatch]:
+        """For offline tools: ``cls`` wrapped by this patch for the block, then exactly as before."""
+        self.patch(cls)
+        try:
+            yield self
+        finally:
+            self.uninstall()
+
+    def refuse(self, reason: str) -> None:
+        """Leave vLLM stock with exactly one warning per process, or raise in strict mode."""
+        if self.settings.strict:
+            raise compat.IncompatibleVllm(f"vllm-staging-plugin (strict mode): {reason}")
+        if self.refused:
+            return
+        self.refused = True
+        order = self.settings.order
+        ignored = f" {ENV_ORDER}={order} is NOT applied." if order != DEFAULT_ORDER else ""
         logger.warning(
             "vllm-staging-plugin is inactive, vLLM runs unpatched (stock lazy staging, vLLM's own "
             "descending capture order): %s.%s Set %s=1 to fail instead.",
@@ -94,115 +154,125 @@ def refuse(reason: str, strict: bool | None = None) -> None:
             ENV_STRICT,
         )
 
+    # -- the wrappers -------------------------------------------------------------------------------
 
-def is_patched(cls: type) -> bool:
-    return cls in INSTALLER.classes
+    def _wrap_init(self, wrap: ClassWrap) -> Callable[..., None]:
+        original = wrap.stock["__init__"]
 
+        @plugin_wrapper(original)
+        def __init__(manager: Any, *args: Any, **kwargs: Any) -> None:
+            original(manager, *args, **kwargs)
+            if not wrap.live:
+                return
+            if self.on_manager_built is not None:
+                self.on_manager_built()
+            try:
+                compat.check_manager(manager)
+                capacity = staging_capacity(manager._capture_descs)
+            except Exception as exc:  # renamed internals, odd descriptors: stay stock
+                self._deactivate(f"{type(exc).__name__}: {exc}")
+                return
+            presizing = self.settings.presize == "on"
+            manager.__dict__[STATE_ATTR] = ManagerState(self.settings, capacity if presizing else None)
+            self._announce(manager, capacity)
 
-def patch(cls: type) -> bool:
-    """Install the wrappers on ``cls``; returns False if it was already patched."""
+        return __init__
 
-    def make(record: Wrapped) -> dict[str, Any]:
-        return {
-            "__init__": _wrap_init(record, record.originals["__init__"]),
-            "capture": _wrap_capture(record, record.originals["capture"]),
-        }
+    def _deactivate(self, reason: str) -> None:
+        """Refuse for this and every later manager: the class goes back to stock.
 
-    done = INSTALLER.wrap(cls, WRAPPED, make)
-    if done:
-        logger.debug("patched %s.%s (__init__, capture)", cls.__module__, cls.__name__)
-    return done
+        Called from ``__init__`` before the manager holds any plugin state, so there is nothing to remove.
+        """
+        self.uninstall()
+        self.refuse(reason)
 
+    def _announce(self, manager: Any, capacity: int) -> None:
+        level = logging.DEBUG if self.announced else logging.INFO
+        self.announced = True
+        settings = self.settings
+        sizing = (
+            f"sized to {capacity} rows, the largest"
+            if settings.presize == "on"
+            else f"left to vLLM's lazy sizing ({settings.presize}; largest is {capacity} rows)"
+        )
+        logger.log(
+            level,
+            "vllm-staging-plugin: %s staging buffers (%s) %s of %d capture descriptors; capture order: %s",
+            type(manager).__name__,
+            ", ".join(STAGING_ATTRS),
+            sizing,
+            sum(len(d) for d in manager._capture_descs.values()),
+            settings.order,
+        )
 
-def unpatch(cls: type) -> bool:
-    """Restore ``cls``'s own methods; returns False if it was not patched. Built managers keep working."""
-    return INSTALLER.unwrap(cls)
+    def _wrap_capture(self, wrap: ClassWrap) -> Callable[..., Any]:
+        original = wrap.stock["capture"]
 
+        @plugin_wrapper(original)
+        def capture(manager: Any, *args: Any, **kwargs: Any) -> Any:
+            state = state_of(manager) if wrap.live else None
+            if state is None:
+                return original(manager, *args, **kwargs)
+            settings = state.settings
+            presizing = state.capacity is not None and not self.vllm_presizes
+            if presizing:
+                ensure_capacity(manager, state)
+            profiling = getattr(manager, "_max_full_descs_to_capture", None) is not None
+            ordered = None  # this capture's descriptors in policy order; vLLM's own when None
+            if not profiling and settings.order != DEFAULT_ORDER:  # profiling keeps vLLM's order
+                ordered = self._policies().reordered(settings, manager._capture_descs)
+                state.ranks_agreed = self._agreed().check_coupled_ranks(
+                    settings, ordered, manager.vllm_config
+                )
+            receipt: Any = nullcontext()
+            if settings.receipts_dir is not None:
+                from .capture_session import receipt_session
 
-def _wrap_init(record: Wrapped, original: Callable[..., None]) -> Callable[..., None]:
-    @functools.wraps(original)
-    def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
-        if not record.live:
-            return original(self, *args, **kwargs)
-        settings = read_settings()  # bad configuration fails here, before anything is built
-        if settings.order != DEFAULT_ORDER and not settings.disabled:
-            from .policies import validate_order
+                receipt = receipt_session(manager, state, profiling)
+            with _in_order(manager, ordered), receipt:
+                if not presizing:
+                    return original(manager, *args, **kwargs)
+                state.first_tokens = first_tokens(manager._capture_descs)
+                try:
+                    with self._staging(manager):
+                        return original(manager, *args, **kwargs)
+                finally:
+                    if state.vllm_presized:
+                        self._stand_down()
 
-            validate_order(settings)
-        original(self, *args, **kwargs)
-        if settings.disabled:
-            return None
-        INSTALLER.model_runner_v2_chosen()
-        try:
-            compat.check_manager(self)
-            capacity = staging_capacity(self._capture_descs)
-        except Exception as exc:  # renamed internals, odd descriptors: stay stock
-            _deactivate(self, f"{type(exc).__name__}: {exc}", settings.strict)
-            return None
-        presizing = settings.presize == "on"
-        self.__dict__[STATE_ATTR] = ManagerState(settings, capacity if presizing else None)
-        _announce(self, capacity, settings)
-        return None
+        return capture
 
-    return __init__
+    def _stand_down(self) -> None:
+        if self.vllm_presizes:
+            return
+        self.vllm_presizes = True
+        logger.info(
+            "vllm-staging-plugin: this vLLM already pre-sizes its CUDA-graph staging buffers to the largest "
+            "capture descriptor; the plugin leaves them to vLLM (capture order: %s)",
+            self.settings.order,
+        )
 
+    def _policies(self) -> PolicyRegistry:
+        if self.policies is None:
+            from .policies import PolicyRegistry
 
-def _deactivate(manager: Any, reason: str, strict: bool) -> None:
-    """Refuse for this and every later manager: the class goes back to stock.
+            self.policies = PolicyRegistry.load()  # a tool's patch; register() hands the engine its own
+        return self.policies
 
-    Called from ``__init__`` before the manager holds any plugin state, so there is nothing to remove.
-    """
-    found = INSTALLER.record_for(manager)
-    if found is not None:
-        unpatch(found[0])
-    refuse(reason, strict)
+    def _agreed(self) -> Agreement:
+        if self._agreement is None:
+            from .agreement import Agreement
 
+            self._agreement = Agreement()
+        return self._agreement
 
-def _announce(manager: Any, capacity: int, settings: Settings) -> None:
-    level = logging.DEBUG if INSTALLER.announced else logging.INFO
-    INSTALLER.announced = True
-    sizing = (
-        f"sized to {capacity} rows, the largest"
-        if settings.presize == "on"
-        else f"left to vLLM's lazy sizing ({settings.presize}; largest is {capacity} rows)"
-    )
-    logger.log(
-        level,
-        "vllm-staging-plugin: %s staging buffers (%s) %s of %d capture descriptors; capture order: %s",
-        type(manager).__name__,
-        ", ".join(STAGING_ATTRS),
-        sizing,
-        sum(len(d) for d in manager._capture_descs.values()),
-        settings.order,
-    )
-
-
-def _wrap_capture(record: Wrapped, original: Callable[..., Any]) -> Callable[..., Any]:
-    @functools.wraps(original)
-    def capture(self: Any, *args: Any, **kwargs: Any) -> Any:
-        state = state_of(self) if record.live else None
-        if state is None:
-            return original(self, *args, **kwargs)
-        settings = state.settings
-        if state.capacity is not None:
-            ensure_capacity(self, state)
-        profiling = getattr(self, "_max_full_descs_to_capture", None) is not None
-        ordered = None  # this capture's descriptors in policy order; vLLM's own when None
-        if not profiling and settings.order != DEFAULT_ORDER:  # profiling keeps vLLM's order
-            from .agreement import check_coupled_ranks
-            from .policies import reordered
-
-            ordered = reordered(settings, self._capture_descs)
-            state.ranks_agreed = check_coupled_ranks(settings, ordered, self.vllm_config)
-        receipt: Any = nullcontext()
-        if settings.receipts_dir is not None:
-            from .capture_session import receipt_session
-
-            receipt = receipt_session(self, state, profiling)
-        with _in_order(self, ordered), receipt, _staging(self, record, state):
-            return original(self, *args, **kwargs)
-
-    return capture
+    def _staging(self, manager: Any) -> Any:
+        names = tuple(name for name in STAGING_ATTRS if name in manager.__dict__)
+        key = (type(manager), names)
+        view = self._views.get(key)
+        if view is None:
+            view = self._views[key] = capture_view(type(manager), names)
+        return intercepting(manager, view)
 
 
 @contextmanager
@@ -217,14 +287,3 @@ def _in_order(manager: Any, ordered: dict[Any, list[Any]] | None) -> Iterator[No
         yield
     finally:
         manager._capture_descs = stock
-
-
-def _staging(manager: Any, record: Wrapped, state: ManagerState) -> Any:
-    if state.capacity is None:
-        return nullcontext()
-    names = tuple(name for name in STAGING_ATTRS if name in manager.__dict__)
-    key = (type(manager), names)
-    view = record.views.get(key)
-    if view is None:
-        view = record.views[key] = capture_view(type(manager), names)
-    return intercepting(manager, view)

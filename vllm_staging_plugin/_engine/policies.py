@@ -1,27 +1,31 @@
-"""Capture-order policies: the built-ins, third-party loading, validation and application."""
+"""Capture-order policies: the built-ins, third-party packages, and asking the one that owns a name.
+
+Loaded only under a non-default ``STAGING_PLUGIN_ORDER`` (pluggy is not imported otherwise). One
+:class:`PolicyRegistry` is built per process at ``register()`` and handed to the manager patch.
+"""
 
 from __future__ import annotations
 
-import functools
 import logging
 import random
 from collections import Counter
-from collections.abc import Mapping, Sequence
-from importlib.metadata import entry_points
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from importlib.metadata import EntryPoint, entry_points
 from typing import Any
 
 import pluggy
 
 from .. import hookspecs
 from ..hookspecs import hookimpl
-from .settings import DEFAULT_ORDER, ENV_ORDER, ConfigError, Settings, strict_requested
+from .settings import ENV_ORDER, ConfigError, Settings
 
 ENTRY_POINT_GROUP = "vllm_staging_plugin.order_policies"
+BUILTIN = "builtin"
 logger = logging.getLogger("vllm.staging_plugin")
 
 
 class PolicyError(RuntimeError):
-    """A policy returned something that is not a permutation of its input."""
+    """A policy failed or returned something that is not a permutation of its input."""
 
 
 def _tokens(desc: Any) -> int:
@@ -29,28 +33,31 @@ def _tokens(desc: Any) -> int:
 
 
 class BuiltinPolicies:
-    """The four built-in orders; ``trylast`` so a third-party policy of the same name wins."""
+    """The four built-in orders."""
 
     NAMES = ("descending", "ascending", "max-first", "shuffle")
 
-    @hookimpl(trylast=True)
+    @hookimpl
     def staging_order_policies(self) -> list[str]:
         return list(self.NAMES)
 
-    @hookimpl(trylast=True)
-    def staging_capture_order(
-        self, policy: str, argument: str | None, mode: str, descriptors: tuple[Any, ...]
-    ) -> list[Any] | None:
-        if policy not in self.NAMES:
-            return None
+    @hookimpl
+    def staging_validate_order(self, policy: str, argument: str | None) -> None:
         if policy == "shuffle":
             if argument is None or not argument.lstrip("-").isdigit():
                 raise ValueError(f"shuffle needs an integer seed, as in shuffle:1 (got {argument!r})")
-            shuffled = list(descriptors)
-            random.Random(int(argument)).shuffle(shuffled)
-            return shuffled
-        if argument is not None:
+        elif argument is not None:
             raise ValueError(f"{policy} takes no argument (got {argument!r})")
+
+    @hookimpl
+    def staging_capture_order(
+        self, policy: str, argument: str | None, mode: str, descriptors: tuple[Any, ...]
+    ) -> list[Any]:
+        self.staging_validate_order(policy, argument)
+        if policy == "shuffle":
+            shuffled = list(descriptors)
+            random.Random(int(str(argument))).shuffle(shuffled)
+            return shuffled
         if policy == "descending":  # vLLM's own order, untouched
             return list(descriptors)
         ascending = sorted(descriptors, key=_tokens)  # stable: ties keep vLLM's order
@@ -60,81 +67,143 @@ class BuiltinPolicies:
         return [largest, *(d for d in ascending if d is not largest)]
 
 
-@functools.lru_cache(maxsize=1)
-def plugin_manager() -> pluggy.PluginManager:
-    """Built once per process: built-ins first, then every entry point of :data:`ENTRY_POINT_GROUP`.
+class PolicyRegistry:
+    """Which package owns which policy name, and a hook caller that reaches only that package."""
 
-    Entry points are loaded one by one (not with pluggy's ``load_setuptools_entrypoints``) so that one
-    broken policy package is skipped with a warning naming it instead of failing every non-default order.
-    """
-    pm = pluggy.PluginManager(hookspecs.PROJECT_NAME)
-    pm.add_hookspecs(hookspecs)
-    pm.register(BuiltinPolicies(), name="builtin")
-    for entry_point in entry_points(group=ENTRY_POINT_GROUP):
-        if pm.get_plugin(entry_point.name) is not None or pm.is_blocked(entry_point.name):
-            continue
+    def __init__(self, packages: Iterable[tuple[str, object]], strict: bool = False) -> None:
+        """``packages``: (name, hook object) pairs in load order; the built-ins always come first."""
+        self._pm = pluggy.PluginManager(hookspecs.PROJECT_NAME)
+        self._pm.add_hookspecs(hookspecs)
+        self._owners: dict[str, str] = {}  # policy name -> package name
+        self._callers: dict[str, Any] = {}
+        for name, plugin in [(BUILTIN, BuiltinPolicies()), *packages]:
+            self._add(name, plugin, strict)
+
+    @classmethod
+    def load(cls, strict: bool = False) -> PolicyRegistry:
+        """The built-ins and every installed ``vllm_staging_plugin.order_policies`` entry point.
+
+        Entry points are loaded one by one, so one broken policy package is skipped with a warning naming
+        it (strict mode: raised) instead of failing every non-default order.
+        """
+        return cls(_loaded(entry_points(group=ENTRY_POINT_GROUP), strict), strict)
+
+    def _add(self, name: str, plugin: object, strict: bool) -> None:
+        if self._pm.get_plugin(name) is not None:
+            return
         try:
-            pm.register(entry_point.load(), name=entry_point.name)
+            self._pm.register(plugin, name=name)
+            declared = self._pm.subset_hook_caller(
+                "staging_order_policies", [p for p in self._pm.get_plugins() if p is not plugin]
+            )()
+            names = [n for group in declared for n in group]
+            if not all(isinstance(n, str) for n in names):
+                raise TypeError(f"staging_order_policies returned {declared!r}, not a list of names")
         except Exception as exc:
-            if strict_requested():
+            if self._pm.is_registered(plugin):
+                self._pm.unregister(plugin)
+            if strict:
+                raise
+            logger.warning("vllm-staging-plugin: order-policy package %r is skipped: %s", name, exc)
+            return
+        for policy in names:
+            owner = self._owners.setdefault(policy, name)
+            if owner != name:
+                logger.warning(
+                    "vllm-staging-plugin: order policy %r is declared by %r and by %r; %r keeps it",
+                    policy, owner, name, owner,
+                )  # fmt: skip
+
+    def names(self) -> list[str]:
+        return list(self._owners)
+
+    def allowed(self) -> str:
+        return ", ".join("shuffle:SEED" if n == "shuffle" else n for n in self._owners)
+
+    def owner(self, policy: str) -> str | None:
+        return self._owners.get(policy)
+
+    def _call(self, hook: str, policy: str, **kwargs: Any) -> list[Any]:
+        """Call ``hook`` on the package that owns ``policy`` only."""
+        owner = self._owners[policy]
+        key = f"{hook}/{owner}"
+        caller = self._callers.get(key)
+        if caller is None:
+            plugin = self._pm.get_plugin(owner)
+            others = [p for p in self._pm.get_plugins() if p is not plugin]
+            caller = self._callers[key] = self._pm.subset_hook_caller(hook, others)
+        return list(caller(policy=policy, **kwargs))
+
+    def _implements(self, hook: str, policy: str) -> bool:
+        plugin = self._pm.get_plugin(self._owners[policy])
+        return any(impl.plugin is plugin for impl in getattr(self._pm.hook, hook).get_hookimpls())
+
+    def validate(self, settings: Settings) -> None:
+        """Fail at start-up, naming the variable, the policy and the allowed values, for an order we
+        cannot run; any exception the owning package raises becomes a :class:`ConfigError`."""
+        name = settings.order_name
+        if name not in self._owners:
+            raise ConfigError(
+                f"{ENV_ORDER}={settings.order!r}: unknown order policy {name!r}; "
+                f"allowed values: {self.allowed()}"
+            )
+        try:
+            if self._implements("staging_validate_order", name):
+                self._call("staging_validate_order", name, argument=settings.order_argument)
+            else:
+                self.order(settings, "validation", ())
+        except Exception as exc:
+            raise ConfigError(
+                f"{ENV_ORDER}={settings.order!r}: order policy {name!r} ({self._owners[name]}) refused it: "
+                f"{type(exc).__name__}: {exc}; allowed values: {self.allowed()}"
+            ) from exc
+
+    def order(self, settings: Settings, mode: str, descriptors: Sequence[Any]) -> list[Any]:
+        """One mode's descriptors in the order the configured policy chooses, checked."""
+        name, given = settings.order_name, tuple(descriptors)
+        try:
+            results = self._call(
+                "staging_capture_order", name, argument=settings.order_argument, mode=mode, descriptors=given
+            )
+        except Exception as exc:
+            raise PolicyError(
+                f"order policy {name!r} failed for mode {mode}: {type(exc).__name__}: {exc}"
+            ) from exc
+        if not results:
+            raise PolicyError(
+                f"order policy {name!r} ({self._owners[name]}) returned nothing for mode {mode}"
+            )
+        ordered = list(results[0])
+        if len(ordered) != len(given) or Counter(map(id, ordered)) != Counter(map(id, given)):
+            raise PolicyError(
+                f"order policy {name!r} returned {len(ordered)} descriptors that are not a "
+                f"permutation of the {len(given)} it was given for mode {mode}"
+            )
+        return ordered
+
+    def reordered(
+        self, settings: Settings, capture_descs: Mapping[Any, Sequence[Any]]
+    ) -> dict[Any, list[Any]]:
+        """``capture_descs`` with each mode's list in policy order (modes keep vLLM's order)."""
+        return {
+            mode: self.order(settings, str(getattr(mode, "name", mode)), descs)
+            for mode, descs in capture_descs.items()
+        }
+
+
+def _loaded(found: Iterable[EntryPoint], strict: bool) -> list[tuple[str, object]]:
+    loaded: list[tuple[str, object]] = []
+    for entry_point in found:
+        try:
+            loaded.append((entry_point.name, entry_point.load()))
+        except Exception as exc:
+            if strict:
                 raise
             logger.warning(
                 "vllm-staging-plugin: order-policy entry point %r (%s) failed to load and is skipped: %s",
-                entry_point.name,
-                entry_point.value,
-                exc,
-            )
-    return pm
+                entry_point.name, entry_point.value, exc,
+            )  # fmt: skip
+    return loaded
 
 
-def policy_names() -> list[str]:
-    names: list[str] = []
-    for group in reversed(plugin_manager().hook.staging_order_policies()):
-        names.extend(n for n in group if n not in names)
-    return names
-
-
-def allowed_orders() -> str:
-    return ", ".join("shuffle:SEED" if n == "shuffle" else n for n in policy_names())
-
-
-def validate_order(settings: Settings) -> None:
-    """Fail at start-up, naming the variable and the allowed values, for an order we cannot run."""
-    if settings.order == DEFAULT_ORDER:
-        return
-    if settings.order_name not in policy_names():
-        raise ConfigError(
-            f"{ENV_ORDER}={settings.order!r}: unknown order policy {settings.order_name!r}; "
-            f"allowed values: {allowed_orders()}"
-        )
-    try:
-        order_descriptors(settings, "validation", ())
-    except (ValueError, PolicyError) as exc:
-        raise ConfigError(
-            f"{ENV_ORDER}={settings.order!r}: {exc}; allowed values: {allowed_orders()}"
-        ) from exc
-
-
-def order_descriptors(settings: Settings, mode: str, descriptors: Sequence[Any]) -> list[Any]:
-    """One mode's descriptors in the order the configured policy chooses, checked."""
-    given = tuple(descriptors)
-    result = plugin_manager().hook.staging_capture_order(
-        policy=settings.order_name, argument=settings.order_argument, mode=mode, descriptors=given
-    )
-    if result is None:
-        raise PolicyError(f"no order policy answered for {settings.order_name!r}")
-    ordered = list(result)
-    if len(ordered) != len(given) or Counter(map(id, ordered)) != Counter(map(id, given)):
-        raise PolicyError(
-            f"order policy {settings.order_name!r} returned {len(ordered)} descriptors that are not a "
-            f"permutation of the {len(given)} it was given for mode {mode}"
-        )
-    return ordered
-
-
-def reordered(settings: Settings, capture_descs: Mapping[Any, Sequence[Any]]) -> dict[Any, list[Any]]:
-    """``capture_descs`` with each mode's list in policy order (modes keep vLLM's order)."""
-    return {
-        mode: order_descriptors(settings, str(getattr(mode, "name", mode)), descs)
-        for mode, descs in capture_descs.items()
-    }
+Reorder = Callable[[list[Any]], list[Any]]

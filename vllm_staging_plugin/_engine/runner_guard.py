@@ -9,17 +9,17 @@ only the runner's constructor and is removed as soon as a V2 manager is built in
 
 from __future__ import annotations
 
-import functools
 import logging
 from collections.abc import Callable
 from types import ModuleType
 from typing import Any
 
-from .installer import INSTALLER, V1_RUNNER_MODULE, Wrapped
-from .settings import DEFAULT_ORDER, ENV_ORDER, ENV_STRICT, read_settings
+from .settings import DEFAULT_ORDER, ENV_ORDER, ENV_STRICT, Settings
+from .wrapping import ClassWrap, plugin_wrapper
 
 logger = logging.getLogger("vllm.staging_plugin")
 
+V1_RUNNER_MODULE = "vllm.v1.worker.gpu_model_runner"
 V1_RUNNER_CLASS = "GPUModelRunner"
 
 
@@ -27,46 +27,53 @@ class V1RunnerError(RuntimeError):
     """Strict mode: vLLM chose the V1 runner, where the plugin cannot act."""
 
 
-def message() -> str:
-    settings = read_settings()
-    ignored = f"{ENV_ORDER}={settings.order}" if settings.order != DEFAULT_ORDER else "pre-sizing"
-    return (
-        "vllm-staging-plugin is inactive in this worker: vLLM chose the V1 model runner "
-        f"({V1_RUNNER_MODULE}.{V1_RUNNER_CLASS}), and the plugin acts only on Model Runner V2's "
-        f"ModelCudaGraphManager, so {ignored} and receipts do not apply here. vLLM's log says why it chose "
-        f"V1; VLLM_USE_V2_MODEL_RUNNER=1 asks for V2. Set {ENV_STRICT}=1 to fail instead."
-    )
+class RunnerGuard:
+    """The wrapper on the V1 runner's ``__init__``: one warning per process (strict mode: an error)."""
 
+    def __init__(self, settings: Settings, on_v1_runner_built: Callable[[], None] | None = None) -> None:
+        self.settings = settings
+        self.on_v1_runner_built = on_v1_runner_built
+        self.wrap: ClassWrap | None = None
+        self.warned = False
 
-def on_v1_runner() -> None:
-    """Called when a V1 runner is built: one warning per process, or an error in strict mode."""
-    settings = read_settings()
-    if settings.disabled:
-        return
-    INSTALLER.model_runner_v1_chosen()
-    if settings.strict:
-        raise V1RunnerError(message())
-    if not INSTALLER.v1_warned:
-        INSTALLER.v1_warned = True
-        logger.warning(message())
+    def message(self) -> str:
+        order = self.settings.order
+        ignored = f"{ENV_ORDER}={order}" if order != DEFAULT_ORDER else "pre-sizing"
+        return (
+            "vllm-staging-plugin is inactive in this worker: vLLM chose the V1 model runner "
+            f"({V1_RUNNER_MODULE}.{V1_RUNNER_CLASS}), and the plugin acts only on Model Runner V2's "
+            f"ModelCudaGraphManager, so {ignored} and receipts do not apply here. vLLM's log says why it "
+            f"chose V1; VLLM_USE_V2_MODEL_RUNNER=1 asks for V2. Set {ENV_STRICT}=1 to fail instead."
+        )
 
+    def on_v1_runner(self) -> None:
+        """A V1 runner is being built."""
+        if self.on_v1_runner_built is not None:
+            self.on_v1_runner_built()
+        if self.settings.strict:
+            raise V1RunnerError(self.message())
+        if not self.warned:
+            self.warned = True
+            logger.warning(self.message())
 
-def guard(module: ModuleType) -> None:
-    """Wrap the V1 runner's ``__init__`` (idempotent); never breaks the import of vLLM's module."""
-    cls = getattr(module, V1_RUNNER_CLASS, None)
-    if not isinstance(cls, type) or "__init__" not in cls.__dict__:
-        return
+    def install(self, module: ModuleType) -> None:
+        """Wrap the V1 runner's ``__init__`` (once); never breaks the import of vLLM's module."""
+        cls = getattr(module, V1_RUNNER_CLASS, None)
+        if self.wrap is not None or not isinstance(cls, type) or "__init__" not in cls.__dict__:
+            return
+        wrap = ClassWrap(cls, ("__init__",))
+        original = wrap.stock["__init__"]
 
-    def make(record: Wrapped) -> dict[str, Any]:
-        original: Callable[..., None] = record.originals["__init__"]
-
-        @functools.wraps(original)
-        def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
+        @plugin_wrapper(original)
+        def __init__(runner: Any, *args: Any, **kwargs: Any) -> None:
             # not the CPU/XPU runners that subclass it: no CUDA graphs to stage there
-            if record.live and type(self) is cls:
-                on_v1_runner()
-            original(self, *args, **kwargs)
+            if wrap.live and type(runner) is cls:
+                self.on_v1_runner()
+            original(runner, *args, **kwargs)
 
-        return {"__init__": __init__}
+        wrap.apply({"__init__": __init__})
+        self.wrap = wrap
 
-    INSTALLER.wrap(cls, ("__init__",), make)
+    def uninstall(self) -> list[str]:
+        wrap, self.wrap = self.wrap, None
+        return wrap.restore() if wrap is not None else []

@@ -1,7 +1,8 @@
 """Environment configuration, parsed in one place so every error names its variable and values.
 
-Read per manager construction (cheap) rather than cached at import, so a process that changes its
-environment before building the engine is honoured. Never imports vLLM or torch.
+``register()`` reads the environment once, through :func:`read_settings`, and hands the resulting
+:class:`Settings` to the installer; nothing else in the engine reads ``STAGING_PLUGIN_*``. The offline
+tools build their own :class:`Settings` and never write the variables. Never imports vLLM or torch.
 
 The prefix is ``STAGING_PLUGIN_``, not ``VLLM_``: vLLM's ``Platform.validate_environ`` warns about every
 unknown ``VLLM_*`` variable and, in its hard-fail mode, refuses to start.
@@ -88,11 +89,3 @@ def read_settings(environ: Mapping[str, str] | None = None) -> Settings:
         receipts_dir=Path(receipts) if receipts else None,
         presize=presize,
     )
-
-
-def strict_requested(environ: Mapping[str, str] | None = None) -> bool:
-    """Strict flag for error paths: a malformed value counts as strict (fail loudly, not silently)."""
-    try:
-        return parse_bool(ENV_STRICT, os.environ if environ is None else environ)
-    except ConfigError:
-        return True

@@ -20,7 +20,7 @@ import torch
 
 from .compat import STAGING_INITIAL
 from .settings import DEFAULT_ORDER, ENV_ORDER, Settings
-from .sizing import Descriptor, staging_bytes, staging_capacity
+from .sizing import CAPTURE_MODE_ORDER, Descriptor, staging_bytes, staging_capacity
 
 STAGING_ATTRS = tuple(STAGING_INITIAL)
 STATE_ATTR = "_vllm_staging"  # per manager: its ManagerState, in the instance __dict__
@@ -39,6 +39,8 @@ class ManagerState:
     settings: Settings
     capacity: int | None  # rows; None when pre-sizing is off
     ranks_agreed: int | None = None  # ranks whose capture plan matched (None: not checked)
+    first_tokens: int | None = None  # num_tokens of this capture's first descriptor
+    vllm_presized: bool = False  # vLLM's own first buffer held the capacity although first_tokens is less
 
 
 class StagingError(RuntimeError):
@@ -79,6 +81,15 @@ def staging_buffer_bytes(manager: object) -> dict[str, dict[str, Any]]:
 def held_rows(manager: object) -> int | None:
     """Rows of the smallest allocated staging buffer (None before the first capture output)."""
     return min((int(t.shape[0]) for t in staging_tensors(manager).values()), default=None)
+
+
+def first_tokens(capture_descs: Mapping[Any, Sequence[Descriptor]]) -> int | None:
+    """``num_tokens`` of the descriptor vLLM captures first (PIECEWISE before FULL), None if none."""
+    by_name = {str(getattr(mode, "name", mode)): descs for mode, descs in capture_descs.items()}
+    for name in CAPTURE_MODE_ORDER:
+        if by_name.get(name):
+            return int(by_name[name][0].num_tokens)
+    return None
 
 
 def ensure_capacity(manager: Manager, state: ManagerState) -> None:
@@ -170,6 +181,8 @@ class _StagingSlot:
             rows = rows_of(value)
             if rows is not None and rows < capacity:  # vLLM's first output is short: grow it
                 value = self._allocate(state, value, capacity)
+            elif rows is not None and state.first_tokens is not None and state.first_tokens < capacity:
+                state.vllm_presized = True  # vLLM sized it by the largest descriptor itself
         own[self.name] = value
 
     def _allocate(self, state: ManagerState, value: Any, capacity: int) -> Any:

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from .. import __version__
-from .._engine.settings import ENV_ORDER, ENV_PRESIZE, ConfigError, Settings, read_settings
+from .._engine.settings import DEFAULT_ORDER, ConfigError, Settings, read_settings
 from .preflight import GPUS
 from .quiet import quiet_logs
 from .text import describe_buffers, shorten
@@ -31,22 +31,23 @@ def check(args: argparse.Namespace) -> int:
     versions = compat.installed_versions()
     print(f"vllm-staging-plugin {__version__}")
     print(f"installed: {_installed(versions, 'vllm')}, {_installed(versions, 'torch')}")
+    from .._engine.policies import PolicyRegistry
+
     try:
         settings = read_settings()
-        from .._engine.policies import allowed_orders, validate_order
-
-        validate_order(settings)
+        policies = PolicyRegistry.load()
+        if settings.order != DEFAULT_ORDER:
+            policies.validate(settings)
         print(f"configuration: order={settings.order} presize={settings.presize} "
               f"strict={settings.strict} disabled={settings.disabled} "
               f"receipts={settings.receipts_dir or '-'} (valid)")  # fmt: skip
-        print(f"order policies: {allowed_orders()}")
+        print(f"order policies: {policies.allowed()}")
     except ConfigError as exc:
         print(f"configuration: INVALID: {exc}")
         return 2
     if versions["vllm"] is None:
         print("would patch: no (vLLM is not installed)")
         return 1
-    from .._engine.policies import order_descriptors
     from . import cpu_replay
 
     try:
@@ -67,13 +68,12 @@ def check(args: argparse.Namespace) -> int:
     order = Settings(order=args.order or MAIN_JOB_ORDER)
 
     def reorder(descs: list[Any]) -> list[Any]:
-        return order_descriptors(order, "replay", descs)
+        return policies.order(order, "replay", descs)
 
-    with cpu_replay.scoped_environ({ENV_ORDER: "descending", ENV_PRESIZE: "on"}):
-        stock_default = cpu_replay.replay(cfg, patched=False)
-        patched_default = cpu_replay.replay(cfg, patched=True)
-        stock = cpu_replay.replay(cfg, patched=False, reorder=reorder)
-        patched = cpu_replay.replay(cfg, patched=True, reorder=reorder)
+    stock_default = cpu_replay.replay(cfg, patched=False)
+    patched_default = cpu_replay.replay(cfg, patched=True)
+    stock = cpu_replay.replay(cfg, patched=False, reorder=reorder)
+    patched = cpu_replay.replay(cfg, patched=True, reorder=reorder)
     print()
     print(f"capture plan (real {compat.MANAGER_CLASS} built on CPU; {cfg.mode}, "
           f"{len(cfg.sizes)} sizes up to {max(cfg.sizes)}, max_num_seqs {cfg.max_num_seqs}, "

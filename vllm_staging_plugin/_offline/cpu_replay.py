@@ -11,16 +11,21 @@ from __future__ import annotations
 
 import contextlib
 import inspect
-import os
 import types
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
-from .._engine import patch as staging_patch
+from .._engine.patch import ManagerPatch
+from .._engine.settings import Settings
 from .._engine.staging import staging_buffer_bytes, staging_tensors
+from .._engine.wrapping import ClassWrap
+
+PATCHED = Settings(strict=True)
+"""The patched arm's settings unless a tool passes its own: vLLM's order, pre-sizing on, strict (a plugin
+that would refuse this vLLM raises instead of leaving it stock), no receipts."""
 
 
 def default_sizes(max_size: int) -> tuple[int, ...]:
@@ -49,7 +54,7 @@ class ReplayConfig:
     data_parallel_size: int = 1
     intermediate_keys: tuple[str, ...] = ("hidden_states", "residual")
     lora_capture_cases: list[int] | None = None
-    # Additive knobs (atlas, property tests); the defaults leave every earlier replay unchanged.
+    # Descriptor knobs of later releases (atlas, property tests); off by default.
     use_kda_recoverssm: bool = False  # cache_config.use_kda_recoverssm (0.30+): PIECEWISE capped at decode
     varlen_decode: bool = False  # adaptive verification's varlen FULL decode graphs (0.28+)
     dbo: bool = False  # dual-batch overlap: a ubatch runner, so FULL descriptors get microbatch twins (0.30+)
@@ -347,31 +352,38 @@ def _arguments_for(method: Callable[..., Any], available: dict[str, Any]) -> dic
 
 
 @contextlib.contextmanager
-def stock_or_patched(patched: bool) -> Iterator[None]:
-    """Run a block with the manager class patched, or guaranteed stock, restoring it after."""
+def stock_or_patched(patched: bool, settings: Settings = PATCHED) -> Iterator[ManagerPatch | None]:
+    """Run a block with the manager class wrapped by a patch of this tool's own (``settings``), or
+    guaranteed stock (vLLM's own functions, also when the process's installer patched the class).
+
+    The class gets back exactly what it held, and the process's installer is never touched.
+    """
     cls = cudagraph_module().ModelCudaGraphManager
-    was_patched = staging_patch.is_patched(cls)
     if patched:
-        staging_patch.patch(cls)
-    else:
-        staging_patch.unpatch(cls)
+        with ManagerPatch(settings).applied_to(cls) as patch:
+            yield patch
+        return
+    wrap = ClassWrap(cls, ("__init__", "capture"))
+    wrap.apply(wrap.stock)
     try:
-        yield
+        yield None
     finally:
-        (staging_patch.patch if was_patched else staging_patch.unpatch)(cls)
+        wrap.restore()
 
 
-def replay(cfg: ReplayConfig, patched: bool, reorder: Reorder | None = None) -> ReplayResult:
-    """Build the real manager and run its capture staging, stock or patched."""
-    with cpu_stubs(cfg), stock_or_patched(patched):
+def replay(
+    cfg: ReplayConfig, patched: bool, reorder: Reorder | None = None, settings: Settings = PATCHED
+) -> ReplayResult:
+    """Build the real manager and run its capture staging, stock or patched (with ``settings``)."""
+    with cpu_stubs(cfg), stock_or_patched(patched, settings):
         return run_capture(build_manager(cfg), cfg, reorder)
 
 
 def replay_tensors(
-    cfg: ReplayConfig, patched: bool, reorder: Reorder | None = None
+    cfg: ReplayConfig, patched: bool, reorder: Reorder | None = None, settings: Settings = PATCHED
 ) -> tuple[ReplayResult, dict[str, torch.Tensor]]:
     """:func:`replay`, plus the staging tensors themselves (by display name) for byte comparisons."""
-    with cpu_stubs(cfg), stock_or_patched(patched):
+    with cpu_stubs(cfg), stock_or_patched(patched, settings):
         manager = build_manager(cfg)
         result = run_capture(manager, cfg, reorder)
     return result, dict(staging_tensors(manager))
@@ -381,22 +393,13 @@ def ascending(descs: list[Any]) -> list[Any]:
     return sorted(descs, key=lambda d: d.num_tokens)
 
 
-@contextlib.contextmanager
-def scoped_environ(values: Mapping[str, str | None]) -> Iterator[None]:
-    """Set (a value) or unset (None) variables for a block, then restore them exactly: the CLI and the
-    pre-flight replay stock and patched arms in one process by steering the plugin through its variables."""
-    saved = {key: os.environ.get(key) for key in values}
-    try:
-        for key, value in values.items():
-            _put(key, value)
-        yield
-    finally:
-        for key, old in saved.items():
-            _put(key, old)
+def vllm_presizes() -> bool:
+    """Whether the installed vLLM sizes its staging buffers to the largest descriptor itself (by behaviour).
 
-
-def _put(key: str, value: str | None) -> None:
-    if value is None:
-        os.environ.pop(key, None)
-    else:
-        os.environ[key] = value
+    Stock replay of a small FULL grid captured ascending: vLLM's lazy staging crashes at the second
+    size; a vLLM that pre-sizes captures it with every buffer at the largest descriptor's rows.
+    """
+    cfg = ReplayConfig(mode="FULL", sizes=(1, 2, 4), max_num_seqs=4, hidden_size=8)
+    result = replay(cfg, patched=False, reorder=ascending)
+    rows = {buffer["rows"] for buffer in result.buffers.values()}
+    return result.ok and rows == {result.capacity}

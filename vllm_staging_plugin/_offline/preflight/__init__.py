@@ -29,6 +29,7 @@ from .configure import (
     check_model_early,
     check_order,
     create_engine_config,
+    inspect_model_classes,
     manager_inputs,
     parse_serve_arguments,
 )
@@ -90,12 +91,12 @@ def run(
     check_order(order, order_from)
     checked = check_model_early(argv)
     from ..cpu_replay import cudagraph_module  # torch and vLLM: only once the arguments look right
-    from .replay import plugin_environment, replay_arm, replay_stock
+    from .replay import plugin_settings, replay_arm, replay_stock
 
     versions = compat.installed_versions()
     if versions["vllm"] is None:
         raise CannotCheckHere("vLLM is not installed in this environment")
-    with _environment_kept(), platform_for_check(gpu) as (platform, emulated), phases.inspection_counted():
+    with _environment_kept(), platform_for_check(gpu) as (platform, emulated):
         phases.add("imports", time.perf_counter() - started)  # vLLM's modules, under this machine's platform
 
         def configure(words: Sequence[str]) -> Any:
@@ -107,6 +108,11 @@ def run(
                 checked = str(args.model)  # once: the workaround's replays keep the model
             if emulated:
                 type(platform).emulated_count = gpus or node_gpus(args)
+            started = time.perf_counter()
+            inspect_model_classes(str(args.model))  # vLLM caches it; counted as `inspect`, not `configure`
+            spent = time.perf_counter() - started
+            phases.add("inspect", spent)
+            phases.add("configure", -spent)
             config = create_engine_config(args)
             if not config.use_v2_model_runner:
                 raise CannotCheckHere(
@@ -126,9 +132,9 @@ def run(
         stages: list[StageResult] = []
         with phases.phase("replay"):
             runs = replay_stock(vllm_config, inputs)
+            settings = plugin_settings(order)
             for stage, stock, _ in runs:
-                with plugin_environment(order):
-                    plugin, _ = replay_arm(vllm_config, inputs, patched=True, stage=stage)
+                plugin, _ = replay_arm(vllm_config, inputs, patched=True, stage=stage, settings=settings)
                 stages.append(StageResult(stage.index, stage.staged, stock, plugin))
         plan = runs[-1][2]  # vLLM's own plan (the same at every stage)
         compilation = vllm_config.compilation_config

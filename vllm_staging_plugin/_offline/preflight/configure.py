@@ -6,6 +6,8 @@ from __future__ import annotations
 import argparse
 import contextlib
 import io
+import json
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -71,11 +73,14 @@ def _typo_of_a_folder(model: str) -> None:
 
 def check_order(order: str, source: str = "--order") -> None:
     """A bad order (exit 2), named by where it came from: ``--order`` or STAGING_PLUGIN_ORDER."""
-    from ..._engine.policies import validate_order
-    from ..._engine.settings import ENV_ORDER, ConfigError, Settings
+    from ..._engine.settings import DEFAULT_ORDER, ENV_ORDER, ConfigError, Settings
+
+    if order == DEFAULT_ORDER:
+        return
+    from ..._engine.policies import PolicyRegistry
 
     try:
-        validate_order(Settings(order=order))
+        PolicyRegistry.load().validate(Settings(order=order))
     except ConfigError as exc:
         text = str(exc)  # "STAGING_PLUGIN_ORDER='x': ...": name the flag instead when the flag gave it
         if source != ENV_ORDER:
@@ -152,6 +157,23 @@ def _hub_model_reachable(model: str, revision: str | None) -> None:
             f"model {model!r} is not a local folder and the hub ({host}) cannot be reached from this machine "
             f"({exc}): {fix}"
         ) from None
+
+
+def inspect_model_classes(model: str) -> None:
+    """Have vLLM's registry inspect the model's architectures (a subprocess the first time, then its
+    cache), so the configuration build that follows finds them cached. Local folders only; a hub
+    model is inspected inside the configuration build."""
+    path = os.path.join(os.path.expanduser(model), "config.json")
+    try:
+        with open(path) as f:
+            architectures = json.load(f).get("architectures") or []
+    except (OSError, ValueError, AttributeError):
+        return
+    from vllm.model_executor.models.registry import ModelRegistry
+
+    for architecture in architectures:
+        if isinstance(architecture, str) and architecture in ModelRegistry.models:
+            ModelRegistry._try_inspect_model_cls(architecture)
 
 
 def create_engine_config(args: argparse.Namespace) -> Any:

@@ -1,15 +1,15 @@
 """Where a pre-flight's time goes: per phase wall seconds, reported in ``--json`` as ``seconds``.
 
-benchmarks/preflight_speed.py reads them; vLLM's model inspection (its registry's subprocess, cached per
-architecture under VLLM_CACHE_ROOT) runs inside the configuration build and is counted on its own.
+benchmarks/preflight_speed.py reads them. vLLM's model inspection (its registry's subprocess, cached per
+architecture under VLLM_CACHE_ROOT) is run on its own before the configuration build and counted as
+``inspect``.
 """
 
 from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Callable, Iterator
-from typing import Any
+from collections.abc import Iterator
 
 
 class Phases:
@@ -26,31 +26,6 @@ class Phases:
             yield
         finally:
             self.add(name, time.perf_counter() - started)
-
-    @contextlib.contextmanager
-    def inspection_counted(self) -> Iterator[None]:
-        """Count vLLM's model-class inspection as ``inspect`` (and not as ``configure``) for the block."""
-        try:
-            from vllm.model_executor.models import registry
-        except ImportError:
-            yield
-            return
-        inner: Callable[..., Any] = registry._try_inspect_model_cls
-
-        def timed(*args: Any, **kwargs: Any) -> Any:
-            started = time.perf_counter()
-            try:
-                return inner(*args, **kwargs)
-            finally:
-                spent = time.perf_counter() - started
-                self.add("inspect", spent)
-                self.add("configure", -spent)
-
-        registry._try_inspect_model_cls = timed
-        try:
-            yield
-        finally:
-            registry._try_inspect_model_cls = inner
 
     def rounded(self) -> dict[str, float]:
         return {name: round(max(0.0, seconds), 3) for name, seconds in self.seconds.items()}

@@ -3,12 +3,10 @@ vLLM's own order and patched in the chosen order."""
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from ..._engine.settings import ENV_DISABLE, ENV_ORDER, ENV_PRESIZE, ENV_RECEIPTS_DIR, ENV_STRICT
+from ..._engine.settings import Settings
 from .. import cpu_replay
 from .configure import ManagerInputs
 from .result import Arm
@@ -25,21 +23,10 @@ def _describe(mode: Any, desc: Any) -> str:
     return parts[0] + (f" ({', '.join(parts[1:])})" if len(parts) > 1 else "")
 
 
-@contextlib.contextmanager
-def plugin_environment(order: str) -> Iterator[None]:
-    """The plugin's variables for the patched arm: the chosen order, pre-sizing on, strict, no receipts.
-
-    Strict, so a plugin that would refuse this vLLM raises instead of silently leaving it stock.
-    """
-    values: dict[str, str | None] = {
-        ENV_ORDER: order,
-        ENV_PRESIZE: "on",
-        ENV_STRICT: "1",
-        ENV_DISABLE: "0",
-        ENV_RECEIPTS_DIR: None,
-    }
-    with cpu_replay.scoped_environ(values):
-        yield
+def plugin_settings(order: str) -> Settings:
+    """The patched arm: the chosen order, pre-sizing on, strict (a plugin that would refuse this vLLM
+    raises instead of silently leaving it stock), no receipts."""
+    return Settings(order=order, presize="on", strict=True)
 
 
 @dataclass(frozen=True)
@@ -71,10 +58,14 @@ def replay_stock(vllm_config: Any, inputs: ManagerInputs) -> list[tuple[Stage, A
 
 
 def replay_arm(
-    vllm_config: Any, inputs: ManagerInputs, patched: bool, stage: Stage = Stage(0, True, True)
+    vllm_config: Any,
+    inputs: ManagerInputs,
+    patched: bool,
+    stage: Stage = Stage(0, True, True),
+    settings: Settings = cpu_replay.PATCHED,
 ) -> tuple[Arm, dict[str, list[int]]]:
-    """One real capture() of a manager built from ``vllm_config`` at ``stage``; returns the arm and
-    vLLM's plan."""
+    """One real capture() of a manager built from ``vllm_config`` at ``stage``, stock or patched with
+    ``settings``; returns the arm and vLLM's plan."""
     import torch
 
     from ..._engine.sizing import CAPTURE_MODE_ORDER, capture_sequence
@@ -97,7 +88,7 @@ def replay_arm(
         kwargs["ubatch_runner"] = cpu_replay._FakeUbatchRunner()
     from vllm.config.compilation import CUDAGraphMode
 
-    with cpu_replay.cpu_stubs(cfg) as cu, cpu_replay.stock_or_patched(patched):
+    with cpu_replay.cpu_stubs(cfg) as cu, cpu_replay.stock_or_patched(patched, settings):
         manager = cu.ModelCudaGraphManager(
             vllm_config,
             torch.device("cpu"),

@@ -1,0 +1,250 @@
+"""Order policies: the built-ins, name ownership (a package is asked only for the names it declared),
+validation as part of the hook contract, and broken packages."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from fakes import FULL, PIECEWISE, Desc, descs
+
+import vllm_staging_plugin
+from vllm_staging_plugin._engine import policies
+from vllm_staging_plugin._engine.policies import PolicyError, PolicyRegistry
+from vllm_staging_plugin._engine.settings import ConfigError, Settings
+from vllm_staging_plugin.hookspecs import hookimpl
+
+
+def tokens(registry: PolicyRegistry, order: str, given: list[Desc]) -> list[int]:
+    return [d.num_tokens for d in registry.order(Settings(order=order), "FULL", given)]
+
+
+def test_builtin_orders() -> None:
+    registry, given = PolicyRegistry([]), descs(FULL, [1, 2, 4, 8, 16])
+    assert tokens(registry, "descending", given) == [16, 8, 4, 2, 1]
+    assert tokens(registry, "ascending", given) == [1, 2, 4, 8, 16]
+    assert tokens(registry, "max-first", given) == [16, 1, 2, 4, 8]
+    assert sorted(tokens(registry, "shuffle:1", given)) == [1, 2, 4, 8, 16]
+    assert tokens(registry, "shuffle:1", given) == tokens(registry, "shuffle:1", given)
+    assert tokens(registry, "shuffle:1", given) != tokens(registry, "shuffle:2", given)
+    assert registry.order(Settings(order="max-first"), "FULL", []) == []
+
+
+def test_ascending_is_stable_and_max_first_takes_the_first_largest() -> None:
+    twins = [Desc(FULL, 4, num_ubatches=1), Desc(FULL, 4, num_ubatches=2), Desc(FULL, 1)]
+    registry = PolicyRegistry([])
+    assert registry.order(Settings(order="ascending"), "FULL", twins) == [twins[2], twins[0], twins[1]]
+    assert registry.order(Settings(order="max-first"), "FULL", twins) == [twins[0], twins[2], twins[1]]
+
+
+@pytest.mark.parametrize(
+    ("order", "message"),
+    [
+        ("fastest", "unknown order policy 'fastest'; allowed values: descending, ascending, max-first, shuffle:SEED"),
+        ("shuffle", "order policy 'shuffle' (builtin) refused it: ValueError: shuffle needs an integer seed, "
+                    "as in shuffle:1 (got None)"),
+        ("shuffle:x", "shuffle needs an integer seed"),
+        ("ascending:2", "ValueError: ascending takes no argument (got '2')"),
+    ],
+)  # fmt: skip
+def test_a_bad_order_names_the_variable_the_policy_and_the_allowed_values(order: str, message: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        PolicyRegistry([]).validate(Settings(order=order))
+    assert str(info.value).startswith(f"STAGING_PLUGIN_ORDER='{order}': ") and message in str(info.value)
+    if order != "fastest":
+        assert str(info.value).endswith("allowed values: descending, ascending, max-first, shuffle:SEED")
+
+
+class Greedy:
+    """A sloppy package: declares one name, answers every name (and validates nothing it does not own)."""
+
+    def __init__(self) -> None:
+        self.asked: list[str] = []
+
+    @hookimpl
+    def staging_order_policies(self) -> list[str]:
+        return ["greedy"]
+
+    @hookimpl
+    def staging_capture_order(self, policy: str, argument: Any, mode: str, descriptors: Any) -> Any:
+        self.asked.append(policy)
+        return list(descriptors)[::-1]
+
+    @hookimpl
+    def staging_validate_order(self, policy: str, argument: Any) -> None:
+        self.asked.append(f"validate {policy}")
+        raise ValueError("greedy refuses everything")
+
+
+def test_a_package_answering_every_name_cannot_take_over_a_builtin() -> None:
+    greedy = Greedy()
+    registry = PolicyRegistry([("greedy-package", greedy)])
+    registry.validate(Settings(order="ascending"))  # the greedy validator is not asked
+    assert tokens(registry, "ascending", descs(FULL, [1, 2, 4])) == [1, 2, 4]
+    assert greedy.asked == []
+    assert tokens(registry, "greedy", descs(FULL, [1, 2, 4])) == [1, 2, 4]  # its own name: it is asked
+    assert greedy.asked == ["greedy"]
+    assert registry.names() == ["descending", "ascending", "max-first", "shuffle", "greedy"]
+
+
+class Claims:
+    def __init__(self, names: list[str]) -> None:
+        self.names = names
+
+    @hookimpl
+    def staging_order_policies(self) -> list[str]:
+        return self.names
+
+    @hookimpl
+    def staging_capture_order(self, policy: str, argument: Any, mode: str, descriptors: Any) -> Any:
+        return [descriptors[-1], *descriptors[:-1]] if descriptors else []
+
+
+def test_a_builtin_name_stays_builtin_and_a_shared_name_stays_with_the_first_package(plugin_log: Any) -> None:
+    registry = PolicyRegistry([("first", Claims(["rotate", "ascending"])), ("second", Claims(["rotate"]))])
+    assert (registry.owner("ascending"), registry.owner("rotate")) == ("builtin", "first")
+    assert tokens(registry, "ascending", descs(FULL, [1, 2, 4])) == [1, 2, 4]
+    assert plugin_log.warnings == [
+        "vllm-staging-plugin: order policy 'ascending' is declared by 'builtin' and by 'first'; 'builtin' keeps it",
+        "vllm-staging-plugin: order policy 'rotate' is declared by 'first' and by 'second'; 'first' keeps it",
+    ]
+
+
+class Raising:
+    """Validation by dry run (no validate hook): its IndexError must become a ConfigError."""
+
+    @hookimpl
+    def staging_order_policies(self) -> list[str]:
+        return ["first-only"]
+
+    @hookimpl
+    def staging_capture_order(self, policy: str, argument: Any, mode: str, descriptors: Any) -> Any:
+        return [descriptors[0]]
+
+
+def test_an_exception_during_validation_is_a_config_error_naming_the_policy_and_the_exception() -> None:
+    registry = PolicyRegistry([("raising-package", Raising())])
+    with pytest.raises(ConfigError) as info:
+        registry.validate(Settings(order="first-only"))
+    text = str(info.value)
+    assert "STAGING_PLUGIN_ORDER='first-only': order policy 'first-only' (raising-package) refused it" in text
+    assert "PolicyError: order policy 'first-only' failed for mode validation: IndexError" in text
+
+
+def test_register_turns_a_policy_exception_into_a_config_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    found = [_EntryPoint("raising-package", "raising", Raising())]
+    monkeypatch.setattr(
+        policies, "entry_points", lambda group: found if group == policies.ENTRY_POINT_GROUP else []
+    )
+    monkeypatch.setenv("STAGING_PLUGIN_ORDER", "first-only")
+    with pytest.raises(ConfigError, match="order policy 'first-only' .raising-package. refused it"):
+        vllm_staging_plugin.register()
+    assert vllm_staging_plugin._installed is None
+
+
+def test_a_validate_hook_is_asked_with_the_argument() -> None:
+    greedy = Greedy()
+    with pytest.raises(ConfigError, match="ValueError: greedy refuses everything"):
+        PolicyRegistry([("g", greedy)]).validate(Settings(order="greedy:7"))
+    assert greedy.asked == ["validate greedy"]
+
+
+class Dropping:
+    @hookimpl
+    def staging_order_policies(self) -> list[str]:
+        return ["dropper", "duplicator", "silent"]
+
+    @hookimpl
+    def staging_capture_order(self, policy: str, argument: Any, mode: str, descriptors: Any) -> Any:
+        if policy == "dropper":
+            return list(descriptors)[1:]
+        if policy == "duplicator":  # same length, not the same objects
+            return [descriptors[0], *descriptors[:-1]] if descriptors else []
+        return None
+
+
+@pytest.mark.parametrize(
+    ("order", "message"),
+    [
+        ("dropper", "order policy 'dropper' returned 2 descriptors that are not a permutation of the 3 it was "
+                    "given for mode FULL"),
+        ("duplicator", "order policy 'duplicator' returned 3 descriptors that are not a permutation of the 3"),
+        ("silent", "order policy 'silent' (bad) returned nothing for mode FULL"),
+    ],
+)  # fmt: skip
+def test_a_result_must_be_a_permutation(order: str, message: str) -> None:
+    with pytest.raises(PolicyError) as info:
+        PolicyRegistry([("bad", Dropping())]).order(Settings(order=order), "FULL", descs(FULL, [1, 2, 3]))
+    assert message in str(info.value)
+
+
+def test_a_policy_is_told_each_mode_by_name() -> None:
+    seen: list[str] = []
+
+    class Recorder:
+        @hookimpl
+        def staging_order_policies(self) -> list[str]:
+            return ["recorder"]
+
+        @hookimpl
+        def staging_capture_order(self, policy: str, argument: Any, mode: str, descriptors: Any) -> Any:
+            seen.append(mode)
+            return list(descriptors)
+
+    registry = PolicyRegistry([("r", Recorder())])
+    ordered = registry.reordered(Settings(order="recorder"), {PIECEWISE: descs(PIECEWISE, [2]), "FULL": []})
+    assert seen == ["PIECEWISE", "FULL"] and list(ordered) == [PIECEWISE, "FULL"]
+
+
+class _EntryPoint:
+    def __init__(self, name: str, value: str, loaded: Any) -> None:
+        self.name, self.value, self._loaded = name, value, loaded
+
+    def load(self) -> Any:
+        if isinstance(self._loaded, Exception):
+            raise self._loaded
+        return self._loaded
+
+
+@pytest.fixture
+def broken_and_good_packages(monkeypatch: pytest.MonkeyPatch) -> None:
+    found = [
+        _EntryPoint("broken", "no_such_module", ModuleNotFoundError("No module named 'no_such_module'")),
+        _EntryPoint("good", "good_policies", Dropping()),
+    ]
+    monkeypatch.setattr(
+        policies, "entry_points", lambda group: found if group == policies.ENTRY_POINT_GROUP else []
+    )
+
+
+def test_a_package_failing_to_import_is_skipped_with_one_warning(
+    broken_and_good_packages: None, plugin_log: Any
+) -> None:
+    names = PolicyRegistry.load().names()
+    assert "dropper" in names and "descending" in names  # the good package and the built-ins still load
+    assert plugin_log.warnings == [
+        "vllm-staging-plugin: order-policy entry point 'broken' (no_such_module) failed to load and is "
+        "skipped: No module named 'no_such_module'"
+    ]
+
+
+def test_a_package_failing_to_import_is_an_error_in_strict_mode(broken_and_good_packages: None) -> None:
+    with pytest.raises(ModuleNotFoundError, match="no_such_module"):
+        PolicyRegistry.load(strict=True)
+
+
+class BadNames:
+    @hookimpl
+    def staging_order_policies(self) -> Any:
+        return [3]
+
+
+def test_a_package_declaring_no_names_is_skipped(plugin_log: Any) -> None:
+    registry = PolicyRegistry([("bad-names", BadNames())])
+    assert registry.names() == ["descending", "ascending", "max-first", "shuffle"]
+    assert plugin_log.warnings == [
+        "vllm-staging-plugin: order-policy package 'bad-names' is skipped: staging_order_policies returned "
+        "[[3]], not a list of names"
+    ]
+    with pytest.raises(TypeError):
+        PolicyRegistry([("bad-names", BadNames())], strict=True)

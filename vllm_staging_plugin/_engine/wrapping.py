@@ -1,0 +1,69 @@
+"""Replacing functions in a class's ``__dict__`` and putting back exactly what was there.
+
+Each patch (:mod:`.patch`, :mod:`.runner_guard`) owns one :class:`ClassWrap` per class it changes. Its
+wrappers call vLLM's own functions (:func:`stock`: any plugin wrapper underneath is skipped), so an
+offline tool that wraps a class the process's installer already wrapped runs one plugin layer, not two.
+Restoring puts back only the wrap's own entries: one another tool has since wrapped is left in place,
+and the wrap's ``live`` flag turns the inner wrapper into a pass-through.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Mapping
+from typing import Any, TypeVar
+
+MARK = "__vllm_staging_wrapper__"
+_F = TypeVar("_F", bound=Callable[..., Any])
+
+
+def is_plugin_wrapper(function: Any) -> bool:
+    """The mark holds the wrapper itself: a foreign ``functools.wraps`` copies it, and so fails this test."""
+    return getattr(function, MARK, None) is function
+
+
+def stock(function: Any) -> Any:
+    """``function`` without the plugin wrappers on top of it (vLLM's own, unless another tool wrapped)."""
+    while is_plugin_wrapper(function):
+        function = function.__wrapped__
+    return function
+
+
+def plugin_wrapper(original: Callable[..., Any]) -> Callable[[_F], _F]:
+    """``functools.wraps`` plus the mark :func:`stock` looks for."""
+
+    def decorate(wrapper: _F) -> _F:
+        functools.update_wrapper(wrapper, original)
+        setattr(wrapper, MARK, wrapper)
+        return wrapper
+
+    return decorate
+
+
+class ClassWrap:
+    """One class's replaced functions: what ``cls.__dict__`` held, vLLM's own, and what replaced them."""
+
+    def __init__(self, cls: type, names: tuple[str, ...]) -> None:
+        self.cls = cls
+        self.saved = {name: cls.__dict__[name] for name in names}
+        self.stock = {name: stock(function) for name, function in self.saved.items()}
+        self.replacements: dict[str, Any] = {}
+        self.live = False
+
+    def apply(self, replacements: Mapping[str, Any]) -> None:
+        self.replacements = dict(replacements)
+        for name, function in self.replacements.items():
+            setattr(self.cls, name, function)
+        self.live = True
+
+    def restore(self) -> list[str]:
+        """Put back what the class held; returns ``Class.name`` of each function another tool wrapped
+        meanwhile (left alone)."""
+        self.live = False
+        foreign = []
+        for name, before in self.saved.items():
+            if self.cls.__dict__.get(name) is self.replacements.get(name):
+                setattr(self.cls, name, before)
+            else:
+                foreign.append(f"{self.cls.__qualname__}.{name}")
+        return foreign
