@@ -60,6 +60,9 @@ def check(args: argparse.Namespace) -> int:
         return 1
     print(f"would patch: yes ({compat.CUDAGRAPH_MODULE}.{compat.MANAGER_CLASS}; platform "
           f"'{platform_note}')")  # fmt: skip
+    if cpu_replay.vllm_presizes():
+        print("this vLLM already pre-sizes its staging buffers to the largest capture descriptor: the plugin "
+              "leaves them to vLLM and keeps only the order knob")  # fmt: skip
 
     cfg = cpu_replay.ReplayConfig(
         mode=args.mode, sizes=cpu_replay.default_sizes(args.max_size),

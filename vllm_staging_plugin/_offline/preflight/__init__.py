@@ -90,7 +90,8 @@ def run(
 
     check_order(order, order_from)
     checked = check_model_early(argv)
-    from ..cpu_replay import cudagraph_module  # torch and vLLM: only once the arguments look right
+    from .. import cpu_replay as cpu_replay_module  # torch and vLLM: only once the arguments look right
+    from ..cpu_replay import cudagraph_module
     from .replay import plugin_settings, replay_arm, replay_stock
 
     versions = compat.installed_versions()
@@ -151,6 +152,8 @@ def run(
             tokens = int(vllm_config.num_speculative_tokens)
             with phases.phase("workaround"):
                 fix = workaround.find(argv, sizes, plan, stock_check, tokens, _query_lengths(vllm_config))
+    with phases.phase("replay"):  # under this machine's own platform, as the CPU replay expects
+        presizes = cpu_replay_module.vllm_presizes()
     model_config = vllm_config.model_config
     notes = list(inputs.notes)
     if not any(plan.values()):
@@ -186,6 +189,7 @@ def run(
         },
         workaround=fix,
         seconds=phases.rounded(),
+        vllm_presizes=presizes,
     )
 
 

@@ -41,6 +41,11 @@ def render(result: Preflight) -> str:
         lines.append(f"  allocated by  {stock.allocated_by}")
         lines.append(f"  did not fit   {stock.failed_at}")
         lines.append(f"  vLLM's error  {stock.error}")
+    if result.vllm_presizes:
+        lines.append(
+            "this vLLM already pre-sizes its staging buffers to the largest capture descriptor: the plugin "
+            "leaves them to vLLM and keeps only the order knob (STAGING_PLUGIN_ORDER)"
+        )
     if result.plugin_boots:
         same = result.identical_to_stock
         extra = "; buffers identical to stock" if same else ""

@@ -53,6 +53,7 @@ class Preflight:
     parallel: dict[str, int] = field(default_factory=dict)
     workaround: Workaround | None = None
     seconds: dict[str, float] = field(default_factory=dict)
+    vllm_presizes: bool = False  # the installed vLLM sizes its staging by the largest descriptor itself
 
     def _fits(self, arm: Arm) -> bool:
         return arm.ok and all(b["rows"] >= self.capacity for b in arm.buffers.values())
@@ -111,6 +112,7 @@ class Preflight:
             "plugin": {**_arm_json(self.plugin), "ok": self.plugin_boots, "order": self.order},
             "staging_bytes": self.staging_bytes,
             "identical_to_stock": self.identical_to_stock,
+            "vllm_presizes": self.vllm_presizes,
             "parallel": self.parallel,
             "ranks_replayed": self.ranks_replayed,
             "pipeline_stages": [
