@@ -43,8 +43,8 @@ class _DropCpuOnly(logging.Filter):
 
 @contextlib.contextmanager
 def quiet_logs(verbose: bool) -> Iterator[None]:
-    """Quiet vLLM for the block (WARNING and up, minus the CPU-only three); ``verbose`` changes nothing
-    but says in one line why those three appear."""
+    """Quiet vLLM for the block (WARNING and up, minus the CPU-only messages of :data:`CPU_ONLY`);
+    ``verbose`` changes nothing but says in one line why those messages appear."""
     if verbose:
         print(EXPLAINED, file=sys.stderr)
         yield
