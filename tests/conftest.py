@@ -6,13 +6,9 @@ import logging
 import os
 import sys
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
-
-ROOT = Path(__file__).resolve().parents[1]
-PLUGIN_ENV = [k for k in os.environ if k.startswith("STAGING_PLUGIN")]
 
 
 class Records(logging.Handler):

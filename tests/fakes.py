@@ -99,6 +99,15 @@ def fresh_class(**overrides: Any) -> type:
     )
 
 
+def build(cls: type, piecewise: list[int] | None = None, full: list[int] | None = None) -> Any:
+    """A manager of ``cls`` with six descriptors by default: PIECEWISE 8, 4, 2, 1 and FULL 2, 1."""
+    capture_descs = {
+        PIECEWISE: descs(PIECEWISE, [1, 2, 4, 8] if piecewise is None else piecewise),
+        FULL: descs(FULL, [1, 2] if full is None else full),
+    }
+    return cls(config(), "cpu", "FULL_AND_PIECEWISE", 1, capture_descs=capture_descs)
+
+
 def config() -> Any:
     sizes = [1, 2, 4, 8]
     compilation = types.SimpleNamespace(cudagraph_capture_sizes=sizes)

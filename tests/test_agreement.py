@@ -7,8 +7,12 @@ data parallelism and under ``external_launcher``), with the real manager and the
 
 from __future__ import annotations
 
+import enum
 import json
 import os
+import time
+from datetime import timedelta
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -16,7 +20,7 @@ import torch.distributed as dist
 from conftest import free_port, spawn_ranks
 
 from vllm_staging_plugin._engine import agreement
-from vllm_staging_plugin._engine.agreement import AgreementError, check, coupled_ranks
+from vllm_staging_plugin._engine.agreement import Agreement, AgreementError, check, coupled_ranks
 from vllm_staging_plugin._engine.settings import Settings
 
 
@@ -37,10 +41,35 @@ def publish(store: Any, ranks: str, rank: int, plan: dict[str, Any], round_: int
     store.set(f"{agreement.KEY_PREFIX}/{ranks}/{round_}/{rank}", json.dumps(plan, sort_keys=True))
 
 
-def test_agreeing_ranks_pass() -> None:
+def test_agreeing_ranks_pass_without_a_word(plugin_log: Any) -> None:
     store = dist.HashStore()
-    publish(store, "0-1", 1, plan_for("ascending"))
-    assert check(plan_for("ascending"), store, 0, range(2), wait_seconds=5) == 2
+    mine = plan_for("ascending")
+    publish(store, "0-1", 1, mine)
+    assert check(mine, store, 0, range(2), wait_seconds=5) == 2
+    assert json.loads(store.get(f"{agreement.KEY_PREFIX}/0-1/0/0")) == mine  # this rank's plan, published
+    assert plugin_log.warnings == []
+    assert plugin_log.at(10) == [
+        f"vllm-staging-plugin: ranks [0, 1] agree on the capture plan {mine['digest']}"
+    ]
+
+
+def _plan(order: str, capacity: int, digest: str) -> dict[str, Any]:
+    return {"order": order, "presize": "on", "capacity": capacity, "descriptors": 3, "digest": digest,
+            "first": {"PIECEWISE": [capacity, 2, 1]}}  # fmt: skip
+
+
+def test_the_disagreement_message_word_for_word() -> None:
+    plans = {2: _plan("descending", 4, "aa"), 0: _plan("descending", 4, "aa"), 1: _plan("ascending", 4, "bb")}
+    plans[2] = dict(reversed(list(plans[2].items())))  # same plan, keys in another order: same group
+    assert agreement.disagreement(plans) == (
+        "vllm-staging-plugin: ranks whose CUDA-graph captures share collectives would capture in different "
+        "orders or with different staging capacities, which can deadlock the capture. Set the same "
+        "STAGING_PLUGIN_* variables on every node (see docs/many-gpus.md):\n"
+        "  ranks [0, 2]: STAGING_PLUGIN_ORDER=descending presize=on capacity=4 descriptors=3 digest=aa "
+        "first={'PIECEWISE': [4, 2, 1]}\n"
+        "  ranks [1]: STAGING_PLUGIN_ORDER=ascending presize=on capacity=4 descriptors=3 digest=bb "
+        "first={'PIECEWISE': [4, 2, 1]}"
+    )
 
 
 @pytest.mark.parametrize(
@@ -62,17 +91,63 @@ def test_a_split_fails_naming_ranks_and_settings(other: dict[str, Any], differs:
     assert "ranks [1]: " in text and differs in text
 
 
+GraphMode = enum.Enum("GraphMode", "PIECEWISE FULL")  # like vLLM's CUDAGraphMode: str() is not the name
+
+
+def _plan_of(modes: dict[Any, list[int]]) -> dict[str, Any]:
+    return agreement.plan(Settings(), {m: [Desc(n) for n in tokens] for m, tokens in modes.items()})
+
+
+def test_the_plan_names_modes_and_digests_the_order() -> None:
+    by_enum = _plan_of({GraphMode.PIECEWISE: [8, 4, 2, 1]})
+    assert by_enum == _plan_of({"PIECEWISE": [8, 4, 2, 1]})  # vLLM's enum or its name: the same plan
+    assert by_enum["digest"] != _plan_of({GraphMode.FULL: [8, 4, 2, 1]})["digest"]  # other mode, other plan
+    assert by_enum["digest"] != _plan_of({"FULL": [8, 4, 2, 1]})["digest"]
+    assert by_enum["digest"] != _plan_of({"PIECEWISE": [1, 2, 4, 8]})["digest"]  # other order, other plan
+    digest = by_enum.pop("digest")
+    assert len(digest) == 16 and int(digest, 16) >= 0
+    assert by_enum == {
+        "order": "descending", "presize": "on", "capacity": 8, "descriptors": 4,
+        "first": {"PIECEWISE": [8, 4, 2]},
+    }  # fmt: skip
+
+
 def test_the_digest_reads_descriptor_fields_not_repr() -> None:
-    assert plan_for("x", (4, 2, 1))["digest"] != plan_for("x", (1, 2, 4))["digest"]
     assert plan_for("x", (4, 2, 1)) == plan_for("x", (4, 2, 1))
     one = agreement.plan(Settings(order="x"), {"FULL": [Desc(4, num_reqs=4)]})
     other = agreement.plan(Settings(order="x"), {"FULL": [Desc(4, num_reqs=1)]})
     assert repr(Desc(4, 4)) == repr(Desc(4, 1)) and one["digest"] != other["digest"]
 
 
-def test_a_silent_coupled_rank_is_an_error_naming_it() -> None:
-    with pytest.raises(AgreementError, match=r"ranks \[1\] published no capture plan.*'ascending'"):
-        check(plan_for("ascending"), dist.HashStore(), 0, range(2), wait_seconds=0.2)
+def test_descriptor_values_are_plain_json() -> None:
+    assert agreement._value(GraphMode.FULL) == "FULL" and agreement._value(None) is None
+    assert agreement._value(3) == 3 and agreement._value(True) is True and agreement._value(2.5) == 2.5
+    assert agreement._value((1, 2)) == "(1, 2)"
+    assert agreement.describe(SimpleNamespace(num_tokens=4, cg_mode=GraphMode.FULL)) == [
+        "FULL", 4, None, None, None, None, None,
+    ]  # fmt: skip
+
+
+def test_the_silent_rank_message_word_for_word() -> None:
+    mine = agreement.plan(Settings(order="max-first"), {"FULL": [Desc(2)]})
+    with pytest.raises(AgreementError) as caught:
+        check(mine, dist.HashStore(), 0, range(3), wait_seconds=0.1)
+    assert str(caught.value) == (
+        "vllm-staging-plugin: ranks [1, 2] published no capture plan within 0 s, while this rank would "
+        "capture in order 'max-first'; a rank without the plugin, or with STAGING_PLUGIN_ORDER unset, "
+        "captures in vLLM's own order. Install and enable the plugin on every node (VLLM_PLUGINS, "
+        "STAGING_PLUGIN_DISABLE) and set STAGING_PLUGIN_ORDER identically everywhere."
+    )
+
+
+def test_the_wait_is_bounded_by_the_configured_seconds() -> None:
+    """A silent peer costs the configured wait, not the store's default timeout (300 s), then an error."""
+    store = dist.HashStore()
+    store.set_timeout(timedelta(seconds=60))
+    started = time.monotonic()
+    with pytest.raises(AgreementError, match="within 0 s"):
+        check(plan_for("ascending"), store, 0, range(2), wait_seconds=0.3)
+    assert 0.25 <= time.monotonic() - started < 10
 
 
 def test_recapture_in_one_process_uses_the_next_round() -> None:
@@ -84,13 +159,80 @@ def test_recapture_in_one_process_uses_the_next_round() -> None:
     publish(store, "0-1", 1, plan_for("max-first", (4, 1, 2)), 2)  # the peer's third capture differs
     with pytest.raises(AgreementError):  # compared with round 2, not with an earlier agreeing plan
         check(plan_for("ascending"), store, 0, range(2), wait_seconds=5)
+    assert store.add(f"{agreement.KEY_PREFIX}/0-1/rounds/0", 0) == 3  # the store counts this rank's rounds
 
 
 def test_no_process_group_means_no_check(mocker: Any) -> None:
     spy = mocker.spy(agreement, "check")
     ordered = {"PIECEWISE": [Desc(1)]}
-    assert agreement.check_coupled_ranks(Settings(order="ascending"), ordered, mocker.Mock()) is None
+    assert Agreement().check_coupled_ranks(Settings(order="ascending"), ordered, mocker.Mock()) is None
     assert spy.call_count == 0 and not dist.is_initialized()
+
+
+def _parallel(tp: int = 1, pp: int = 1, dp: int = 1, moe: bool = False) -> Any:
+    parallel = SimpleNamespace(tensor_parallel_size=tp, pipeline_parallel_size=pp, data_parallel_size=dp,
+                               prefill_context_parallel_size=1)  # fmt: skip
+    return SimpleNamespace(parallel_config=parallel, model_config=SimpleNamespace(is_moe=moe))
+
+
+def test_the_coupled_check_publishes_this_ranks_plan(monkeypatch: pytest.MonkeyPatch) -> None:
+    """What check_coupled_ranks hands to check() inside a real group (the gloo test runs it for real, in
+    child processes that a mutation run cannot see)."""
+    from torch.distributed import distributed_c10d
+
+    store = dist.HashStore()
+    world = {"size": 4}
+    monkeypatch.setattr(dist, "is_initialized", lambda: True)
+    monkeypatch.setattr(dist, "get_world_size", lambda group=None: world["size"])
+    monkeypatch.setattr(dist, "get_rank", lambda group=None: 3)
+    monkeypatch.setattr(distributed_c10d, "_get_default_store", lambda: store)
+    checks = Agreement(wait_seconds=5.0)
+    settings, ordered = Settings(order="ascending"), {"FULL": [Desc(1), Desc(2)]}
+    mine = agreement.plan(settings, ordered)
+    store.set(f"{agreement.KEY_PREFIX}/2-3/0/2", json.dumps(mine))  # DP=2 x TP=2, dense: own engine only
+    assert checks.check_coupled_ranks(settings, ordered, _parallel(tp=2, dp=2)) == 2
+    assert json.loads(store.get(f"{agreement.KEY_PREFIX}/2-3/0/3")) == mine
+    checks.wait_seconds = 0.1  # MoE: ranks 0-2 of the block never publish
+    silent = r"ranks \[0, 1, 2\] published no capture plan within 0 s"
+    with pytest.raises(AgreementError, match=silent):
+        checks.check_coupled_ranks(settings, ordered, _parallel(tp=2, dp=2, moe=True))
+    assert checks.check_coupled_ranks(settings, ordered, _parallel(tp=1, dp=4)) is None  # alone
+    world["size"] = 2  # the smallest coupled world: TP=2, this rank 1 (rank 0 publishes first)
+    monkeypatch.setattr(dist, "get_rank", lambda group=None: 1)
+    store.set(f"{agreement.KEY_PREFIX}/0-1/0/0", json.dumps(mine))
+    assert checks.check_coupled_ranks(settings, ordered, _parallel(tp=2)) == 2
+    rounds = {r: store.add(f"{agreement.KEY_PREFIX}/{r}/rounds/{rank}", 0) for r, rank in
+              (("2-3", 3), ("0-3", 3), ("0-1", 1))}  # fmt: skip
+    assert rounds == {"2-3": 1, "0-3": 1, "0-1": 1}
+    world["size"] = 1
+    assert checks.check_coupled_ranks(settings, ordered, _parallel()) is None
+
+
+def test_a_new_agreement_waits_the_module_wait_seconds(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(agreement, "WAIT_SECONDS", 2.0)
+    assert Agreement().wait_seconds == 2.0
+
+
+def test_a_model_config_that_cannot_say_counts_as_dense() -> None:
+    class Broken:
+        @property
+        def is_moe(self) -> bool:
+            raise ValueError("no hf config")
+
+    assert agreement._model_is_moe(SimpleNamespace(model_config=Broken())) is False
+    assert agreement._model_is_moe(SimpleNamespace(model_config=None)) is False
+    assert agreement._model_is_moe(SimpleNamespace(model_config=SimpleNamespace(is_moe=1))) is True
+
+
+def test_the_engine_size_counts_prefill_context_ranks() -> None:
+    pcp = SimpleNamespace(tensor_parallel_size=2, pipeline_parallel_size=1, prefill_context_parallel_size=2)
+    assert agreement.engine_size(pcp) == 4
+    older = SimpleNamespace(tensor_parallel_size=2, pipeline_parallel_size=3)  # no PCP before vLLM 0.2x
+    assert agreement.engine_size(older) == 6
+    unset = SimpleNamespace(
+        tensor_parallel_size=2, pipeline_parallel_size=3, prefill_context_parallel_size=None
+    )
+    assert agreement.engine_size(unset) == 6
 
 
 @pytest.mark.parametrize(
@@ -120,7 +262,8 @@ from vllm_staging_plugin._engine import agreement, staging
 from vllm_staging_plugin._offline import cpu_replay
 
 rank = int(os.environ["RANK"])
-agreement.WAIT_SECONDS = 30.0
+cpu_replay.cudagraph_module()  # vLLM's module is imported: each register() below patches at once
+# Each scenario registers the plugin again; the store counts each rank's agreement rounds across them.
 dist.init_process_group("gloo", rank=rank, world_size=4, timeout=timedelta(seconds=120))
 store = dist.distributed_c10d._get_default_store()
 cfg = cpu_replay.ReplayConfig(sizes=(1, 2, 4, 8, 16), max_num_seqs=16, hidden_size=64,
@@ -136,8 +279,8 @@ plugin_logger.setLevel(logging.INFO)
 out = {}
 for name, orders, moe, late, wait in json.loads(os.environ["SCENARIOS"]):
     dist.barrier()  # the harness lines the scenarios up; the plugin itself does not
-    agreement.WAIT_SECONDS = wait
     os.environ["STAGING_PLUGIN_ORDER"] = orders[rank]
+    agreement.WAIT_SECONDS = wait  # the scenario's bound (no variable sets it): read by the next Agreement
     vllm_staging_plugin.register()
     if engine == 1:
         time.sleep(late)  # this DP engine reaches capture later (weights on a slower disk)
@@ -202,16 +345,3 @@ def test_data_parallel_engines_agree_only_where_coupled(dp_tp_runs: list[dict[st
             assert not inner["ok"] and "ranks [1]: STAGING_PLUGIN_ORDER=shuffle:1" in inner["error"]
         else:
             assert inner["ok"] and inner["agreed"] == 2, inner
-
-
-def test_the_wait_is_bounded_by_the_configured_seconds() -> None:
-    """A silent peer costs the configured wait, not the store's default timeout (300 s), then an error."""
-    import time
-    from datetime import timedelta
-
-    store = dist.HashStore()
-    store.set_timeout(timedelta(seconds=60))
-    started = time.monotonic()
-    with pytest.raises(AgreementError, match="within 0 s"):
-        check(plan_for("ascending"), store, 0, range(2), wait_seconds=0.3)
-    assert 0.25 <= time.monotonic() - started < 10

@@ -3,17 +3,16 @@
 from __future__ import annotations
 
 import functools
+import gc
 import os
 import sys
 from typing import Any
 
 import pytest
 from fakes import (
-    FULL,
     PIECEWISE,
     FakeManager,
-    config,
-    descs,
+    build,
     fresh_class,
     install_fake_module,
     installed,
@@ -33,16 +32,19 @@ def plugin_hooks() -> list[str]:
     return [f.fullname for f in sys.meta_path if isinstance(f, PostImportHook)]
 
 
-def build(cls: type) -> Any:
-    capture_descs = {PIECEWISE: descs(PIECEWISE, [1, 2, 4, 8]), FULL: descs(FULL, [1, 2])}
-    return cls(config(), "cpu", "FULL_AND_PIECEWISE", 1, capture_descs=capture_descs)
-
-
 @pytest.fixture
 def pending_modules(monkeypatch: pytest.MonkeyPatch) -> None:
     """Neither module vLLM would import is loaded yet: both hooks wait."""
     monkeypatch.delitem(sys.modules, compat.CUDAGRAPH_MODULE, raising=False)
     monkeypatch.delitem(sys.modules, V1_RUNNER_MODULE, raising=False)
+
+
+def test_register_waits_for_vllms_import_instead_of_importing(pending_modules: None) -> None:
+    """In-process half of the proof (torch and vLLM are loaded here already; the subprocess test
+    ``test_register_is_import_light`` shows neither is imported): the module is not imported by register()."""
+    vllm_staging_plugin.register()  # only installs the import hooks
+    assert compat.CUDAGRAPH_MODULE not in sys.modules and V1_RUNNER_MODULE not in sys.modules
+    assert compat.CUDAGRAPH_MODULE in plugin_hooks() and installed().patch is None
 
 
 def test_register_then_unregister_leaves_the_process_as_it_was(
@@ -108,7 +110,11 @@ def test_unwrap_leaves_a_foreign_wrapper_and_makes_its_own_a_pass_through(
     vllm_staging_plugin.unregister()
     assert cls.__dict__["capture"] is theirs  # not ours to remove
     assert cls.__dict__["__init__"] is FakeManager.__init__  # ours was still on top: restored
-    assert len(plugin_log.warnings) == 1 and "wrapped by another tool" in plugin_log.warnings[0]
+    assert plugin_log.warnings == [
+        "vllm-staging-plugin: ModelCudaGraphManager.capture was wrapped by another tool after this plugin; "
+        "that wrapper is left in place and the plugin's own, inside it, now passes every call straight to "
+        "vLLM"
+    ]
     manager._capture_descs[PIECEWISE].sort(key=lambda d: d.num_tokens)
     with pytest.raises(RuntimeError, match="must match the existing size"):  # our wrapper passes through
         manager.capture()
@@ -204,3 +210,33 @@ def test_unregister_after_the_operator_removed_the_ray_variable(monkeypatch: pyt
     del os.environ[RAY_PREFIXES_VARIABLE]
     vllm_staging_plugin.unregister()  # nothing to remove, and no error
     assert RAY_PREFIXES_VARIABLE not in os.environ
+
+
+def test_unregister_after_managers_were_built(monkeypatch: pytest.MonkeyPatch, plugin_log: Any) -> None:
+    cls = install_fake_module(monkeypatch).ModelCudaGraphManager
+    monkeypatch.setenv("STAGING_PLUGIN_ORDER", "ascending")
+    vllm_staging_plugin.register()
+    captured, fresh = build(cls), build(cls)
+    captured.capture()
+    assert captured.hidden_states.shape == (8, 8)
+    vllm_staging_plugin.unregister()
+    assert not is_patched(cls) and plugin_hooks() == []
+    assert captured.hidden_states.shape == (8, 8) and type(captured) is cls  # its buffers stay valid
+    assert fresh.capture() == [8, 4, 2, 1, 2, 1]  # built patched, captured stock: vLLM's order, lazy staging
+    assert fresh.hidden_states.shape == (8, 8)
+    assert type(build(cls)) is cls and plugin_log.warnings == []
+    vllm_staging_plugin.register()  # and it can come back
+    assert is_patched(cls)
+
+
+def test_unregister_leaves_no_capture_view_behind(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The look-alike subclass a capture runs in belongs to the process's patch and goes with it."""
+    cls = install_fake_module(monkeypatch).ModelCudaGraphManager
+    monkeypatch.setenv("STAGING_PLUGIN_ORDER", "ascending")
+    vllm_staging_plugin.register()
+    manager = build(cls)
+    manager.capture()
+    assert len(cls.__subclasses__()) == 1  # the capture built its view
+    vllm_staging_plugin.unregister()
+    gc.collect()
+    assert cls.__subclasses__() == [] and type(manager) is cls

@@ -3,16 +3,19 @@ validation as part of the hook contract, and broken packages."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
-from fakes import FULL, PIECEWISE, Desc, descs
+from fakes import FULL, PIECEWISE, Desc, build, descs, install_fake_module
 
 import vllm_staging_plugin
 from vllm_staging_plugin._engine import policies
 from vllm_staging_plugin._engine.policies import PolicyError, PolicyRegistry
 from vllm_staging_plugin._engine.settings import ConfigError, Settings
 from vllm_staging_plugin.hookspecs import hookimpl
+
+ALLOWED = "descending, ascending, max-first, shuffle:SEED"
 
 
 def tokens(registry: PolicyRegistry, order: str, given: list[Desc]) -> list[int]:
@@ -40,7 +43,7 @@ def test_ascending_is_stable_and_max_first_takes_the_first_largest() -> None:
 @pytest.mark.parametrize(
     ("order", "message"),
     [
-        ("fastest", "unknown order policy 'fastest'; allowed values: descending, ascending, max-first, shuffle:SEED"),
+        ("fastest", f"unknown order policy 'fastest'; allowed values: {ALLOWED}"),
         ("shuffle", "order policy 'shuffle' (builtin) refused it: ValueError: shuffle needs an integer seed, "
                     "as in shuffle:1 (got None)"),
         ("shuffle:x", "shuffle needs an integer seed"),
@@ -52,7 +55,7 @@ def test_a_bad_order_names_the_variable_the_policy_and_the_allowed_values(order:
         PolicyRegistry([]).validate(Settings(order=order))
     assert str(info.value).startswith(f"STAGING_PLUGIN_ORDER='{order}': ") and message in str(info.value)
     if order != "fastest":
-        assert str(info.value).endswith("allowed values: descending, ascending, max-first, shuffle:SEED")
+        assert str(info.value).endswith(f"allowed values: {ALLOWED}")
 
 
 class Greedy:
@@ -105,7 +108,8 @@ def test_a_builtin_name_stays_builtin_and_a_shared_name_stays_with_the_first_pac
     assert (registry.owner("ascending"), registry.owner("rotate")) == ("builtin", "first")
     assert tokens(registry, "ascending", descs(FULL, [1, 2, 4])) == [1, 2, 4]
     assert plugin_log.warnings == [
-        "vllm-staging-plugin: order policy 'ascending' is declared by 'builtin' and by 'first'; 'builtin' keeps it",
+        "vllm-staging-plugin: order policy 'ascending' is declared by 'builtin' and by 'first'; "
+        "'builtin' keeps it",
         "vllm-staging-plugin: order policy 'rotate' is declared by 'first' and by 'second'; 'first' keeps it",
     ]
 
@@ -137,7 +141,7 @@ def test_register_turns_a_policy_exception_into_a_config_error(monkeypatch: pyte
         policies, "entry_points", lambda group: found if group == policies.ENTRY_POINT_GROUP else []
     )
     monkeypatch.setenv("STAGING_PLUGIN_ORDER", "first-only")
-    with pytest.raises(ConfigError, match="order policy 'first-only' .raising-package. refused it"):
+    with pytest.raises(ConfigError, match=r"order policy 'first-only' \(raising-package\) refused it"):
         vllm_staging_plugin.register()
     assert vllm_staging_plugin._installed is None
 
@@ -166,9 +170,10 @@ class Dropping:
 @pytest.mark.parametrize(
     ("order", "message"),
     [
-        ("dropper", "order policy 'dropper' returned 2 descriptors that are not a permutation of the 3 it was "
-                    "given for mode FULL"),
-        ("duplicator", "order policy 'duplicator' returned 3 descriptors that are not a permutation of the 3"),
+        ("dropper", "order policy 'dropper' returned 2 descriptors that are not a permutation of the 3 it "
+                    "was given for mode FULL"),
+        ("duplicator", "order policy 'duplicator' returned 3 descriptors that are not a permutation of "
+                       "the 3"),
         ("silent", "order policy 'silent' (bad) returned nothing for mode FULL"),
     ],
 )  # fmt: skip
@@ -215,6 +220,25 @@ def broken_and_good_packages(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(
         policies, "entry_points", lambda group: found if group == policies.ENTRY_POINT_GROUP else []
     )
+
+
+@pytest.mark.parametrize("policy", ["dropper", "duplicator"])
+def test_a_non_permutation_stops_the_capture_before_anything_is_captured(
+    policy: str, broken_and_good_packages: None, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    cls = install_fake_module(monkeypatch).ModelCudaGraphManager
+    monkeypatch.setenv("STAGING_PLUGIN_ORDER", policy)
+    monkeypatch.setenv("STAGING_PLUGIN_RECEIPTS_DIR", str(tmp_path))
+    vllm_staging_plugin.register()  # on no descriptors the policy looks fine: validation passes
+    manager = build(cls)
+    stock_descs = {mode: list(d) for mode, d in manager._capture_descs.items()}
+    with pytest.raises(
+        PolicyError, match=rf"order policy '{policy}' returned \d descriptors that are not a permutation"
+    ):
+        manager.capture()
+    assert manager.hidden_states is None  # nothing captured, nothing allocated
+    assert manager._capture_descs == stock_descs and type(manager) is cls
+    assert list(tmp_path.iterdir()) == []  # no receipt of a capture that never started
 
 
 def test_a_package_failing_to_import_is_skipped_with_one_warning(

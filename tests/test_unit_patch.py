@@ -1,8 +1,10 @@
-"""Unit tests of the patch on a mocked manager: idempotence, unpatch, every injected fault, strict mode."""
+"""The manager patch (``ManagerPatch``) on a fake manager: what it wraps and restores, the capture path, the
+refusal (every injected structure fault, the platform, strict mode), the log lines and the stand-down."""
 
 from __future__ import annotations
 
 import functools
+import re
 import sys
 from typing import Any
 
@@ -11,7 +13,9 @@ import torch
 from fakes import (
     FULL,
     PIECEWISE,
+    Desc,
     FakeManager,
+    build,
     config,
     descs,
     fresh_class,
@@ -19,21 +23,20 @@ from fakes import (
     installed,
     is_patched,
     make_module,
-    policy_order,
 )
 
 import vllm_staging_plugin
-from vllm_staging_plugin._engine import compat, staging
+from vllm_staging_plugin._engine import agreement, compat, staging
 from vllm_staging_plugin._engine.patch import ManagerPatch
-from vllm_staging_plugin._engine.settings import Settings
-from vllm_staging_plugin._engine.staging import StagingError
+from vllm_staging_plugin._engine.policies import PolicyRegistry
+from vllm_staging_plugin._engine.settings import Settings, read_settings
 
 MODULE = compat.CUDAGRAPH_MODULE
-
-
-def build(cls: type, sizes: tuple[list[int], list[int]] = ([1, 2, 4, 8], [1, 2])) -> Any:
-    capture_descs = {PIECEWISE: descs(PIECEWISE, sizes[0]), FULL: descs(FULL, sizes[1])}
-    return cls(config(), "cpu", "FULL_AND_PIECEWISE", 1, capture_descs=capture_descs)
+INACTIVE = (
+    "vllm-staging-plugin is inactive, vLLM runs unpatched (stock lazy staging, vLLM's own descending capture "
+    "order): {reason}.{ignored} Set STAGING_PLUGIN_STRICT=1 to fail instead."
+)
+STOCK_CRASH = "must match the existing size"  # what the fake (like vLLM) raises at a short staging copy
 
 
 def ascending(manager: Any) -> None:
@@ -47,6 +50,9 @@ def fake_module(monkeypatch: pytest.MonkeyPatch) -> Any:
     return install_fake_module(monkeypatch)
 
 
+# ---- wrapping and restoring ----------------------------------------------------------------------
+
+
 def test_register_twice_patches_once(fake_module: Any) -> None:
     cls = fake_module.ModelCudaGraphManager
     vllm_staging_plugin.register()
@@ -57,7 +63,7 @@ def test_register_twice_patches_once(fake_module: Any) -> None:
     assert installed().patch.wrap.stock["__init__"] is FakeManager.__init__
 
 
-def test_unpatch_restores_class_exactly(fake_module: Any) -> None:
+def test_unregister_restores_the_class_exactly(fake_module: Any) -> None:
     cls = fake_module.ModelCudaGraphManager
     before = dict(cls.__dict__)
     vllm_staging_plugin.register()
@@ -66,6 +72,35 @@ def test_unpatch_restores_class_exactly(fake_module: Any) -> None:
     assert dict(cls.__dict__) == before
     vllm_staging_plugin.unregister()  # a second unregister() is a no-op
     assert dict(cls.__dict__) == before
+
+
+def test_patch_and_uninstall_say_what_they_did(plugin_log: Any) -> None:
+    cls, other = fresh_class(), fresh_class()
+    manager_patch = ManagerPatch(Settings())
+    assert manager_patch.patch(cls) is True
+    assert manager_patch.patch(cls) is False and manager_patch.patch(other) is False  # one class per patch
+    assert is_patched(cls) and not is_patched(other)
+    assert plugin_log.at(10) == [f"patched {cls.__module__}.ModelCudaGraphManager (__init__, capture)"]
+    assert manager_patch.uninstall() == [] and manager_patch.wrap is None and not is_patched(cls)
+    assert manager_patch.uninstall() == []  # nothing held: nothing to restore
+
+
+def test_applied_to_wraps_the_class_for_the_block_only() -> None:
+    """The offline tools' way in: their own settings, never the process's installer."""
+    cls = fresh_class()
+    before = dict(cls.__dict__)
+    tool = ManagerPatch(Settings(order="ascending", strict=True), PolicyRegistry([]))
+    with tool.applied_to(cls) as applied:
+        assert applied is tool and is_patched(cls)
+        assert build(cls).capture() == [1, 2, 4, 8, 1, 2]  # the tool's order, pre-sized
+    assert dict(cls.__dict__) == before and tool.wrap is None
+    with pytest.raises(KeyError), tool.applied_to(cls):
+        raise KeyError("the block failed")
+    assert dict(cls.__dict__) == before
+    assert installed() is None
+
+
+# ---- the capture path ----------------------------------------------------------------------------
 
 
 def test_patched_manager_survives_ascending_order(fake_module: Any, plugin_log: Any) -> None:
@@ -79,19 +114,11 @@ def test_patched_manager_survives_ascending_order(fake_module: Any, plugin_log: 
 
 
 def test_stock_fake_crashes_under_ascending_order() -> None:
+    """The control for the test above: the fake reproduces vLLM's crash when nothing is patched."""
     manager = build(fresh_class())
     ascending(manager)
-    with pytest.raises(RuntimeError, match="must match the existing size"):
+    with pytest.raises(RuntimeError, match=STOCK_CRASH):
         manager.capture()
-
-
-def test_default_order_keeps_the_stock_tensor(fake_module: Any, mocker: Any) -> None:
-    vllm_staging_plugin.register()
-    spy = mocker.spy(staging, "presized")
-    manager = build(fake_module.ModelCudaGraphManager)
-    manager.capture()
-    assert spy.call_count == 0  # vLLM's first output already has capacity rows: kept, nothing allocated
-    assert type(manager) is fake_module.ModelCudaGraphManager  # back on vLLM's class after capture
 
 
 def test_nothing_to_capture_allocates_nothing(fake_module: Any) -> None:
@@ -105,74 +132,269 @@ def test_kill_switch_leaves_vllm_untouched(fake_module: Any, monkeypatch: pytest
     monkeypatch.setenv("STAGING_PLUGIN_DISABLE", "1")
     vllm_staging_plugin.register()
     assert not is_patched(fake_module.ModelCudaGraphManager)
+    assert staging.state_of(build(fake_module.ModelCudaGraphManager)) is None
 
 
-def test_register_waits_for_vllms_import_instead_of_importing(monkeypatch: pytest.MonkeyPatch) -> None:
-    """In-process half of the proof (torch and vLLM are loaded here already; the subprocess test
-    ``test_register_is_import_light`` shows neither is imported): the module is not imported by register()."""
-    monkeypatch.delitem(sys.modules, MODULE, raising=False)
-    vllm_staging_plugin.register()  # only installs the import hook
-    from vllm_staging_plugin._engine.import_hook import PostImportHook
-
-    assert MODULE not in sys.modules
-    assert any(isinstance(f, PostImportHook) and f.fullname == MODULE for f in sys.meta_path)
-
-
-# ---- injected faults: each leaves a working stock manager and exactly one warning ----------------
+def test_presize_off_leaves_vllms_lazy_staging(fake_module: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``off-allow-crash`` reorders on stock staging: the upstream crash, reproduced on purpose."""
+    monkeypatch.setenv("STAGING_PLUGIN_PRESIZE", "off-allow-crash")
+    monkeypatch.setenv("STAGING_PLUGIN_ORDER", "ascending")
+    vllm_staging_plugin.register()
+    manager = build(fake_module.ModelCudaGraphManager)
+    assert staging.state_of(manager).capacity is None
+    with pytest.raises(RuntimeError, match=STOCK_CRASH):
+        manager.capture()
 
 
-@functools.wraps(FakeManager.__init__)
-def _renamed_attribute_init(self: Any, *args: Any, **kwargs: Any) -> None:
-    FakeManager.__init__(self, *args, **kwargs)
-    self.__dict__["aux_staging"] = self.__dict__.pop("aux_hidden_states")  # renamed upstream
+def test_ranks_are_checked_on_the_order_that_will_be_captured(
+    fake_module: Any, monkeypatch: pytest.MonkeyPatch, mocker: Any
+) -> None:
+    cls = fake_module.ModelCudaGraphManager
+    monkeypatch.setenv("STAGING_PLUGIN_ORDER", "ascending")
+    vllm_staging_plugin.register()
+    spy = mocker.patch.object(agreement.Agreement, "check_coupled_ranks", return_value=3)
+    manager = build(cls)
+    assert manager.capture() == [1, 2, 4, 8, 1, 2]
+    ((settings, ordered, vllm_config),) = [c.args for c in spy.call_args_list]
+    assert settings.order == "ascending" and vllm_config is manager.vllm_config
+    assert {m: [d.num_tokens for d in ds] for m, ds in ordered.items()} == {
+        PIECEWISE: [1, 2, 4, 8],
+        FULL: [1, 2],
+    }
+    assert staging.state_of(manager).ranks_agreed == 3
+    assert [d.num_tokens for d in manager._capture_descs[PIECEWISE]] == [8, 4, 2, 1]  # vLLM's lists back
+    profiling = build(cls)
+    profiling._max_full_descs_to_capture = 1  # vLLM's profiling pass samples the largest: vLLM's order
+    assert profiling.capture() == [8, 4, 2, 1, 2, 1] and spy.call_count == 1
+    vllm_staging_plugin.unregister()
+    monkeypatch.setenv("STAGING_PLUGIN_ORDER", "descending")
+    vllm_staging_plugin.register()
+    build(cls).capture()
+    assert spy.call_count == 1  # vLLM's own order cannot split ranks: no check, no store round-trip
 
 
-@functools.wraps(FakeManager.__init__)
-def _no_capture_descs_init(self: Any, *args: Any, **kwargs: Any) -> None:
-    FakeManager.__init__(self, *args, **kwargs)
-    self._capture_descs_v2 = self.__dict__.pop("_capture_descs")  # restructured upstream
+def test_a_vllm_that_presizes_itself_is_left_alone_with_one_info_line(
+    fake_module: Any, monkeypatch: pytest.MonkeyPatch, plugin_log: Any
+) -> None:
+    cls = fake_module.ModelCudaGraphManager
+    seen: list[type] = []
+
+    def capture(self: Any, hidden: int = 8, aux: int = 0) -> list[int]:  # sizes by the largest itself
+        seen.append(type(self))
+        largest = max(d.num_tokens for ds in self._capture_descs.values() for d in ds)
+        self.hidden_states = torch.empty(largest, hidden)
+        return FakeManager.capture(self, hidden, aux)
+
+    cls.capture = capture
+    monkeypatch.setenv("STAGING_PLUGIN_ORDER", "ascending")
+    vllm_staging_plugin.register()
+    first = build(cls)
+    own = first.capture()
+    assert (
+        own == [1, 2, 4, 8, 1, 2] and first.hidden_states.shape == (8, 8) and installed().patch.vllm_presizes
+    )
+    assert build(cls).capture() == [1, 2, 4, 8, 1, 2]  # the order knob keeps working ...
+    assert seen[0] is not cls and seen[1] is cls  # ... and later captures leave vLLM's staging alone
+    stand_down = [m for m in plugin_log.at(20) if "already pre-sizes" in m]
+    assert stand_down == [
+        "vllm-staging-plugin: this vLLM already pre-sizes its CUDA-graph staging buffers to the largest "
+        "capture descriptor; the plugin leaves them to vLLM (capture order: ascending)"
+    ]
+
+
+@pytest.mark.parametrize(
+    ("presize", "sizing"),
+    [
+        ("on", "sized to 8 rows, the largest"),
+        ("off-allow-crash", "left to vLLM's lazy sizing (off-allow-crash; largest is 8 rows)"),
+    ],
+)
+def test_the_announcement_word_for_word_once_per_process(
+    presize: str, sizing: str, fake_module: Any, monkeypatch: pytest.MonkeyPatch, plugin_log: Any
+) -> None:
+    monkeypatch.setenv("STAGING_PLUGIN_ORDER", "ascending")
+    monkeypatch.setenv("STAGING_PLUGIN_PRESIZE", presize)
+    vllm_staging_plugin.register()
+    build(fake_module.ModelCudaGraphManager)
+    build(fake_module.ModelCudaGraphManager)
+    line = (
+        "vllm-staging-plugin: ModelCudaGraphManager staging buffers (hidden_states, aux_hidden_states, "
+        f"intermediate_tensors) {sizing} of 6 capture descriptors; capture order: ascending"
+    )
+    assert plugin_log.at(20) == [line]  # INFO once ...
+    assert plugin_log.at(10)[-1] == line  # ... then DEBUG for every later manager
+
+
+# ---- the refusal ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("order", "ignored"),
+    [
+        (None, ""),
+        ("descending", ""),
+        ("", ""),
+        ("  ascending ", " STAGING_PLUGIN_ORDER=ascending is NOT applied."),
+        ("shuffle:3", " STAGING_PLUGIN_ORDER=shuffle:3 is NOT applied."),
+    ],
+)
+def test_the_inactive_warning_word_for_word_once_per_patch(
+    order: str | None, ignored: str, plugin_log: Any
+) -> None:
+    refusing = ManagerPatch(read_settings({} if order is None else {"STAGING_PLUGIN_ORDER": order}))
+    refusing.refuse("the reason")
+    refusing.refuse("a second reason")  # one warning per patch, so one per process
+    assert plugin_log.warnings == [INACTIVE.format(reason="the reason", ignored=ignored)]
+    assert refusing.refused
+
+
+def test_refuse_raises_exactly_when_its_settings_are_strict(
+    monkeypatch: pytest.MonkeyPatch, plugin_log: Any
+) -> None:
+    """A patch refuses with the settings it was built with, whatever the environment says now."""
+    monkeypatch.setenv("STAGING_PLUGIN_STRICT", "1")
+    ManagerPatch(Settings(strict=False)).refuse("built lenient")  # no raise
+    assert plugin_log.warnings == [INACTIVE.format(reason="built lenient", ignored="")]
+    monkeypatch.setenv("STAGING_PLUGIN_STRICT", "0")
+    strict = ManagerPatch(Settings(strict=True))
+    with pytest.raises(compat.IncompatibleVllm, match=r"^vllm-staging-plugin \(strict mode\): built strict$"):
+        strict.refuse("built strict")
+    assert not strict.refused and len(plugin_log.warnings) == 1
+
+
+def test_deactivating_a_patch_that_holds_no_class_still_warns(plugin_log: Any) -> None:
+    """unregister() raced with a manager's construction: the class is stock already; the warning stays."""
+    idle = ManagerPatch(Settings())
+    idle._deactivate("gone")
+    assert plugin_log.warnings == [INACTIVE.format(reason="gone", ignored="")]
+    assert idle.wrap is None and idle.uninstall() == []
+
+
+def _init_then(change: Any) -> Any:
+    @functools.wraps(FakeManager.__init__)
+    def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
+        FakeManager.__init__(self, *args, **kwargs)
+        change(self)
+
+    return __init__
 
 
 def _changed_signature_init(self: Any, config: Any, uses_mrope: bool, device: Any, *a: Any, **k: Any) -> None:
     FakeManager.__init__(self, config, device, "FULL", 1, **k)
 
 
+def _capture_what_is_left(self: Any) -> list[int]:  # vLLM's own capture of whatever __init__ left
+    return FakeManager.capture(self) if isinstance(getattr(self, "_capture_descs", {}), dict) else []
+
+
+def _manager_fault(change: Any, **members: Any) -> Any:
+    return lambda: make_module(
+        fresh_class(__init__=_init_then(change), capture=_capture_what_is_left, **members)
+    )
+
+
+# fault -> (the module vLLM would have, the reason the warning gives)
 FAULTS = {
-    "class missing": lambda: make_module(None),
-    "attribute renamed": lambda: make_module(fresh_class(__init__=_renamed_attribute_init)),
-    "signature changed": lambda: make_module(fresh_class(__init__=_changed_signature_init)),
-    "_capture_descs absent": lambda: make_module(
-        fresh_class(
-            __init__=_no_capture_descs_init, _descs_for=lambda self, m: self._capture_descs_v2.get(m, [])
-        )
+    "class missing": (
+        lambda: make_module(None),
+        "vllm.v1.worker.gpu.cudagraph_utils.ModelCudaGraphManager is missing (vLLM < 0.18.0?)",
+    ),
+    "signature changed": (
+        lambda: make_module(fresh_class(__init__=_changed_signature_init)),
+        "ModelCudaGraphManager.__init__ takes (config, uses_mrope, device, a, k), expected it to start with",
+    ),
+    "_capture_descs absent": (
+        _manager_fault(
+            lambda m: setattr(m, "_capture_descs_v2", m.__dict__.pop("_capture_descs")),  # restructured
+            _descs_for=lambda self, mode: self._capture_descs_v2.get(mode, []),
+        ),
+        "IncompatibleVllm: ModelCudaGraphManager._capture_descs is missing or not a dict",
+    ),
+    "_capture_descs not a dict": (
+        _manager_fault(lambda m: setattr(m, "_capture_descs", list(m._capture_descs.values()))),
+        "IncompatibleVllm: ModelCudaGraphManager._capture_descs is missing or not a dict",
+    ),
+    "num_tokens not an integer": (
+        _manager_fault(lambda m: m._capture_descs.update({FULL: [Desc(FULL, 2.0)]})),  # type: ignore[arg-type]
+        "IncompatibleVllm: capture descriptors for FULL have no integer num_tokens",
+    ),
+    "num_tokens missing": (
+        _manager_fault(lambda m: m._capture_descs.update({FULL: [object()]})),
+        "IncompatibleVllm: capture descriptors for FULL have no integer num_tokens",
+    ),
+    "attribute renamed": (
+        _manager_fault(lambda m: setattr(m, "aux_staging", m.__dict__.pop("aux_hidden_states"))),
+        "IncompatibleVllm: ModelCudaGraphManager.aux_hidden_states is not set by __init__",
+    ),
+    "hidden_states pre-filled": (
+        _manager_fault(lambda m: setattr(m, "hidden_states", torch.zeros(8, 8))),
+        "IncompatibleVllm: ModelCudaGraphManager.hidden_states starts as tensor(",
+    ),
+    "aux_hidden_states pre-filled": (
+        _manager_fault(lambda m: setattr(m, "aux_hidden_states", [torch.zeros(8, 8)])),
+        "IncompatibleVllm: ModelCudaGraphManager.aux_hidden_states starts as [tensor(",
+    ),
+    "intermediate_tensors pre-filled": (
+        _manager_fault(lambda m: setattr(m, "intermediate_tensors", {})),
+        "IncompatibleVllm: ModelCudaGraphManager.intermediate_tensors starts as {}, expected None",
     ),
 }
+CLASS_FAULTS = ("class missing", "signature changed")  # refused at import; the others at the first manager
+
+
+def _install_fault(fault: str, monkeypatch: pytest.MonkeyPatch) -> Any:
+    module = FAULTS[fault][0]()
+    monkeypatch.setitem(sys.modules, MODULE, module)
+    monkeypatch.setattr(compat, "platform_name", lambda: "cuda")
+    return getattr(module, "ModelCudaGraphManager", None)
+
+
+def _build_faulty(fault: str, cls: type) -> Any:
+    if fault == "signature changed":
+        return cls(config(), True, "cpu", capture_descs={FULL: descs(FULL, [4, 2])})
+    return build(cls)
 
 
 @pytest.mark.parametrize("fault", list(FAULTS))
 def test_fault_leaves_stock_manager_and_one_warning(
     fault: str, monkeypatch: pytest.MonkeyPatch, plugin_log: Any
 ) -> None:
-    module = FAULTS[fault]()
-    monkeypatch.setitem(sys.modules, MODULE, module)
-    monkeypatch.setattr(compat, "platform_name", lambda: "cuda")
+    cls = _install_fault(fault, monkeypatch)
+    monkeypatch.setenv("STAGING_PLUGIN_ORDER", "ascending")
     vllm_staging_plugin.register()
     vllm_staging_plugin.register()
-    cls = getattr(module, "ModelCudaGraphManager", None)
     if cls is not None:
-        manager = (
-            cls(config(), True, "cpu", capture_descs={FULL: descs(FULL, [4, 2])})
-            if (fault == "signature changed")
-            else build(cls)
-        )
-        manager.capture()  # stock: works in vLLM's descending order
-        assert not is_patched(cls)
-        assert staging.state_of(manager) is None
-        build_again = cls  # a second manager in the same process: still one warning
-        if fault != "signature changed":
-            build(build_again).capture()
+        assert is_patched(cls) is (fault not in CLASS_FAULTS)  # a manager fault shows in the built manager
+        first = _build_faulty(fault, cls)
+        assert not is_patched(cls) and type(first) is cls  # stock for this and every later manager
+        assert staging.state_of(first) is None
+        if "num_tokens" not in fault:
+            first.capture()  # the manager works as stock vLLM's, in vLLM's descending order
+        _build_faulty(fault, cls)  # a second manager in the same process: still one warning
     assert len(plugin_log.warnings) == 1, plugin_log.warnings
-    assert "vllm-staging-plugin is inactive" in plugin_log.warnings[0]
+    warning = plugin_log.warnings[0]
+    assert warning.startswith("vllm-staging-plugin is inactive") and FAULTS[fault][1] in warning
+    assert "STAGING_PLUGIN_ORDER=ascending is NOT applied" in warning  # the order asked for is said ignored
+
+
+@pytest.mark.parametrize(
+    "fault",
+    [
+        "class missing",
+        "_capture_descs absent",
+        "_capture_descs not a dict",
+        "attribute renamed",
+        "hidden_states pre-filled",
+    ],
+)
+def test_strict_mode_raises_clearly(fault: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    cls = _install_fault(fault, monkeypatch)
+    monkeypatch.setenv("STAGING_PLUGIN_STRICT", "1")
+    prefix = re.escape(f"vllm-staging-plugin (strict mode): {FAULTS[fault][1]}")
+    with pytest.raises(compat.IncompatibleVllm, match=f"^{prefix}"):
+        vllm_staging_plugin.register()
+        build(cls)
+    assert cls is None or not is_patched(cls)
 
 
 def test_unsupported_platform_is_refused(
@@ -184,94 +406,6 @@ def test_unsupported_platform_is_refused(
     assert len(plugin_log.warnings) == 1 and "platform 'oot'" in plugin_log.warnings[0]
 
 
-@pytest.mark.parametrize("order", ["descending", "ascending", "max-first", "shuffle:1", "shuffle:3"])
-def test_allocation_failure_stops_with_a_clear_error_or_is_not_needed(
-    order: str, fake_module: Any, mocker: Any, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """An allocation is only attempted when vLLM's first buffer is too short; failing it is a clear stop."""
-    monkeypatch.setenv("STAGING_PLUGIN_ORDER", order)
-    vllm_staging_plugin.register()
-    mocker.patch.object(staging, "presized", side_effect=torch.OutOfMemoryError("CUDA out of memory"))
-    manager = build(fake_module.ModelCudaGraphManager, sizes=([1, 2, 4, 8, 16], [1, 2, 3]))
-    first = policy_order(order, "PIECEWISE", manager._capture_descs[PIECEWISE])[0]
-    if first.num_tokens == 16:  # largest first (descending, max-first, shuffle:3): capacity rows already
-        manager.capture()
-        assert manager.hidden_states.shape == (16, 8)
-        return
-    with pytest.raises(StagingError, match=rf"allocating hidden_states with 16 rows failed.*{order}"):
-        manager.capture()
-    assert type(manager) is fake_module.ModelCudaGraphManager  # no half-swapped class left behind
-
-
-def test_order_requested_but_not_applied_is_said(monkeypatch: pytest.MonkeyPatch, plugin_log: Any) -> None:
-    monkeypatch.setitem(sys.modules, MODULE, make_module(None))
-    monkeypatch.setenv("STAGING_PLUGIN_ORDER", "ascending")
-    vllm_staging_plugin.register()
-    assert "STAGING_PLUGIN_ORDER=ascending is NOT applied" in plugin_log.warnings[0]
-
-
-# ---- strict mode ------------------------------------------------------------------------------
-
-
-@pytest.mark.parametrize("fault", ["class missing", "attribute renamed", "_capture_descs absent"])
-def test_strict_mode_raises_clearly(fault: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    module = FAULTS[fault]()
-    monkeypatch.setitem(sys.modules, MODULE, module)
-    monkeypatch.setattr(compat, "platform_name", lambda: "cuda")
-    monkeypatch.setenv("STAGING_PLUGIN_STRICT", "1")
-    with pytest.raises(compat.IncompatibleVllm, match=r"vllm-staging-plugin \(strict mode\)"):
-        vllm_staging_plugin.register()
-        build(module.ModelCudaGraphManager)
-
-
-def test_strict_allocation_failure_raises(
-    fake_module: Any, mocker: Any, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setenv("STAGING_PLUGIN_STRICT", "1")
-    vllm_staging_plugin.register()
-    mocker.patch.object(staging, "presized", side_effect=RuntimeError("boom"))
-    manager = build(fake_module.ModelCudaGraphManager)
-    ascending(manager)
-    failed = r"allocating hidden_states with 8 rows failed \(RuntimeError: boom\)"
-    with pytest.raises(StagingError, match=failed):
-        manager.capture()
-
-
-# ---- growth ----------------------------------------------------------------------------------
-
-
-def test_descriptor_added_after_init_still_fits(fake_module: Any) -> None:
-    vllm_staging_plugin.register()
-    manager = build(fake_module.ModelCudaGraphManager)
-    manager._capture_descs[PIECEWISE].append(descs(PIECEWISE, [16])[0])  # larger than all, last
-    manager.capture()
-    assert manager.hidden_states.shape[0] == 16
-
-
-def test_growth_after_capture_regrows_until_graphs_exist(fake_module: Any) -> None:
-    vllm_staging_plugin.register()
-    manager = build(fake_module.ModelCudaGraphManager)
-    manager.capture()
-    manager._capture_descs[FULL].insert(0, descs(FULL, [32])[0])
-    manager.capture()  # no graph recorded the old buffer: it is replaced at 32 rows
-    assert manager.hidden_states.shape[0] == 32
-    manager.graphs["captured"] = object()
-    manager._capture_descs[FULL].insert(0, descs(FULL, [64])[0])
-    with pytest.raises(StagingError, match="replacing them would corrupt those graphs"):
-        manager.capture()
-    assert manager.hidden_states.shape[0] == 32  # untouched
-
-
-def test_presized_keeps_dtype_device_and_trailing_shape() -> None:
-    from vllm_staging_plugin._engine.staging import presized
-
-    t = torch.zeros(2, 3, 5, dtype=torch.float16)
-    grown = presized(t, 7)
-    assert (grown.shape, grown.dtype, grown.device) == ((7, 3, 5), torch.float16, t.device)
-    assert presized(t, 2) is t
-    assert [x.shape[0] for x in presized([t, t], 4)] == [4, 4]
-
-
 def test_an_unexpected_error_in_the_structure_check_is_one_warning_naming_it(
     monkeypatch: pytest.MonkeyPatch, plugin_log: Any
 ) -> None:
@@ -280,5 +414,4 @@ def test_an_unexpected_error_in_the_structure_check_is_one_warning_naming_it(
 
     monkeypatch.setattr(compat, "manager_class", broken)
     ManagerPatch(Settings()).install(make_module(fresh_class()))  # never breaks the import of vLLM's module
-    assert len(plugin_log.warnings) == 1 and "inactive" in plugin_log.warnings[0]
-    assert "KeyError: 'renamed'" in plugin_log.warnings[0]
+    assert plugin_log.warnings == [INACTIVE.format(reason="KeyError: 'renamed'", ignored="")]

@@ -96,22 +96,15 @@ def _model_is_moe(vllm_config: Any) -> bool:
         return False
 
 
-def check(
-    mine: dict[str, Any],
-    store: Any,
-    rank: int,
-    ranks: Sequence[int],
-    wait_seconds: float,
-    rounds: dict[str, int],
-) -> int:
+def check(mine: dict[str, Any], store: Any, rank: int, ranks: Sequence[int], wait_seconds: float) -> int:
     """Publish ``mine`` as ``rank``, compare with each of ``ranks``; :class:`AgreementError` on a split.
 
-    ``rounds`` counts this process's checks per coupled set, the same count on coupled ranks: they build
-    and capture the same managers together.
+    Each check is one round of the coupled set; the store counts the rank's rounds (``store.add``), so
+    coupled ranks, which build and capture the same managers together, meet in the same round, also
+    after the plugin was registered again in a live process group.
     """
     namespace = f"{KEY_PREFIX}/{ranks[0]}-{ranks[-1]}"
-    round_ = rounds.get(namespace, 0)
-    rounds[namespace] = round_ + 1
+    round_ = int(store.add(f"{namespace}/rounds/{rank}", 1)) - 1
     prefix = f"{namespace}/{round_}"
     store.set(f"{prefix}/{rank}", json.dumps(mine, sort_keys=True))
     keys = [f"{prefix}/{r}" for r in ranks]
@@ -154,11 +147,10 @@ def _missing(mine: Mapping[str, Any], missing: list[int], wait_seconds: float) -
 
 
 class Agreement:
-    """The manager patch's agreement checks in one process: the round count per coupled set."""
+    """The manager patch's agreement checks, with the wait bound they use (``WAIT_SECONDS`` unless given)."""
 
-    def __init__(self, wait_seconds: float = WAIT_SECONDS) -> None:
-        self.wait_seconds = wait_seconds
-        self.rounds: dict[str, int] = {}
+    def __init__(self, wait_seconds: float | None = None) -> None:
+        self.wait_seconds = WAIT_SECONDS if wait_seconds is None else wait_seconds
 
     def check_coupled_ranks(
         self, settings: Settings, ordered: Mapping[Any, Sequence[Any]], vllm_config: Any
@@ -181,4 +173,4 @@ class Agreement:
         from torch.distributed.distributed_c10d import _get_default_store
 
         mine = plan(settings, ordered)
-        return check(mine, _get_default_store(), dist.get_rank(), ranks, self.wait_seconds, self.rounds)
+        return check(mine, _get_default_store(), dist.get_rank(), ranks, self.wait_seconds)

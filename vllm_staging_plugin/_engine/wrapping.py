@@ -19,7 +19,7 @@ _F = TypeVar("_F", bound=Callable[..., Any])
 
 def is_plugin_wrapper(function: Any) -> bool:
     """The mark holds the wrapper itself: a foreign ``functools.wraps`` copies it, and so fails this test."""
-    return getattr(function, MARK, None) is function
+    return function is not None and getattr(function, MARK, None) is function
 
 
 def stock(function: Any) -> Any:

@@ -1,0 +1,107 @@
+"""The V1 runner guard (``RunnerGuard``): one warning per process when vLLM builds the V1 runner, an error
+in strict mode, odd modules left alone, and vLLM's constructor back exactly on uninstall."""
+
+from __future__ import annotations
+
+import functools
+from types import ModuleType
+from typing import Any, ClassVar
+
+import pytest
+
+from vllm_staging_plugin._engine import runner_guard
+from vllm_staging_plugin._engine.runner_guard import RunnerGuard, V1RunnerError
+from vllm_staging_plugin._engine.settings import Settings
+
+
+@pytest.mark.parametrize(
+    ("order", "ignored"), [("descending", "pre-sizing"), ("max-first", "STAGING_PLUGIN_ORDER=max-first")]
+)
+def test_the_v1_runner_message_word_for_word(order: str, ignored: str) -> None:
+    assert RunnerGuard(Settings(order=order)).message() == (
+        "vllm-staging-plugin is inactive in this worker: vLLM chose the V1 model runner "
+        "(vllm.v1.worker.gpu_model_runner.GPUModelRunner), and the plugin acts only on Model Runner V2's "
+        f"ModelCudaGraphManager, so {ignored} and receipts do not apply here. vLLM's log says why it chose "
+        "V1; VLLM_USE_V2_MODEL_RUNNER=1 asks for V2. Set STAGING_PLUGIN_STRICT=1 to fail instead."
+    )
+
+
+class _Runner:
+    """Stands in for vLLM's V1 ``GPUModelRunner``: records that its own ``__init__`` ran."""
+
+    calls: ClassVar[list[tuple[Any, ...]]] = []
+
+    def __init__(self, *args: Any) -> None:
+        type(self).calls.append(args)
+
+
+def v1_module() -> ModuleType:
+    module = ModuleType(runner_guard.V1_RUNNER_MODULE)
+    module.GPUModelRunner = type("GPUModelRunner", (_Runner,), {"__init__": _Runner.__init__, "calls": []})  # type: ignore[attr-defined]
+    return module
+
+
+def test_the_v1_guard_runs_vllms_init_and_warns_once(plugin_log: Any) -> None:
+    module = v1_module()
+    cls = module.GPUModelRunner
+    original = cls.__dict__["__init__"]
+    built: list[str] = []
+    guard = RunnerGuard(Settings(), on_v1_runner_built=lambda: built.append("v1"))
+    guard.install(module)
+    wrapped = cls.__dict__["__init__"]
+    guard.install(module)  # idempotent: wrapped once
+    assert cls.__dict__["__init__"] is wrapped is not original
+    cls(1, 2)
+    cls(3)
+    type("CPUModelRunner", (cls,), {})(4)  # a subclass (CPU/XPU runner): no warning, vLLM's init runs
+    assert cls.calls == [(1, 2), (3,), (4,)]
+    assert plugin_log.warnings == [guard.message()] and guard.warned
+    assert built == ["v1", "v1"]  # the installer is told at every V1 runner (its hook then goes)
+    assert guard.uninstall() == [] and guard.wrap is None
+    assert cls.__dict__["__init__"] is original
+    assert guard.uninstall() == []  # nothing held: nothing to restore
+
+
+def test_strict_mode_refuses_the_v1_runner_before_it_is_built() -> None:
+    module = v1_module()
+    built: list[str] = []
+    guard = RunnerGuard(Settings(strict=True), on_v1_runner_built=lambda: built.append("v1"))
+    guard.install(module)
+    with pytest.raises(V1RunnerError) as caught:
+        module.GPUModelRunner(1)
+    assert str(caught.value) == guard.message()
+    assert module.GPUModelRunner.calls == [] and built == ["v1"]
+    guard.uninstall()
+
+
+def test_a_foreign_wrapper_on_the_runner_is_left_and_named() -> None:
+    module = v1_module()
+    cls = module.GPUModelRunner
+    guard = RunnerGuard(Settings())
+    guard.install(module)
+    ours = cls.__dict__["__init__"]
+    theirs = functools.wraps(ours)(lambda self, *a: ours(self, *a))
+    cls.__init__ = theirs
+    assert guard.uninstall() == ["GPUModelRunner.__init__"]
+    assert cls.__dict__["__init__"] is theirs
+    cls(5)  # through the foreign wrapper and the plugin's inert one: vLLM's init, no warning
+    assert cls.calls == [(5,)] and not guard.warned
+
+
+@pytest.mark.parametrize("runner", ["absent", None, "not a class"])
+def test_the_v1_guard_leaves_odd_modules_alone(runner: Any) -> None:
+    module = ModuleType(runner_guard.V1_RUNNER_MODULE)
+    if runner != "absent":
+        module.GPUModelRunner = runner  # type: ignore[attr-defined]
+    guard = RunnerGuard(Settings())
+    guard.install(module)  # never breaks the import of vLLM's module
+    assert guard.wrap is None
+    assert getattr(module, "GPUModelRunner", "absent") == runner
+
+
+def test_a_class_without_its_own_init_is_not_guarded() -> None:
+    module = ModuleType(runner_guard.V1_RUNNER_MODULE)
+    module.GPUModelRunner = type("GPUModelRunner", (_Runner,), {})  # type: ignore[attr-defined]
+    guard = RunnerGuard(Settings())
+    guard.install(module)
+    assert "__init__" not in module.GPUModelRunner.__dict__ and guard.wrap is None

@@ -1,0 +1,92 @@
+"""Replacing functions in a class and putting back exactly what was there: the wrapper mark, vLLM's own
+function under any number of plugin layers, and a foreign wrapper left alone on restore."""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+from vllm_staging_plugin._engine.wrapping import MARK, ClassWrap, is_plugin_wrapper, plugin_wrapper, stock
+
+
+def vllms(self: Any, x: int) -> int:
+    """vLLM's own."""
+    return x
+
+
+def layer(original: Any) -> Any:
+    @plugin_wrapper(original)
+    def wrapper(self: Any, x: int) -> int:
+        return original(self, x) + 1
+
+    return wrapper
+
+
+def foreign(original: Any) -> Any:
+    @functools.wraps(original)  # copies __dict__, the mark included
+    def theirs(self: Any, x: int) -> int:
+        return original(self, x) * 10
+
+    return theirs
+
+
+def test_the_mark_is_the_wrapper_itself() -> None:
+    ours = layer(vllms)
+    assert is_plugin_wrapper(ours) and getattr(ours, MARK) is ours
+    assert (ours.__name__, ours.__doc__, ours.__wrapped__) == ("vllms", "vLLM's own.", vllms)
+    assert not is_plugin_wrapper(vllms) and not is_plugin_wrapper(3)
+
+
+def test_none_is_not_a_plugin_wrapper() -> None:
+    assert not is_plugin_wrapper(None)
+
+
+def test_a_foreign_functools_wraps_copy_is_not_a_plugin_wrapper() -> None:
+    theirs = foreign(layer(vllms))
+    assert getattr(theirs, MARK) is not None  # the mark was copied ...
+    assert not is_plugin_wrapper(theirs)  # ... but it names another function
+
+
+def test_stock_skips_every_plugin_layer_and_stops_at_a_foreign_one() -> None:
+    assert stock(vllms) is vllms
+    assert stock(layer(layer(vllms))) is vllms
+    theirs = foreign(layer(vllms))
+    assert stock(theirs) is theirs  # another tool's wrapper is what the class holds: it is kept
+    assert stock(layer(theirs)) is theirs
+
+
+def test_apply_and_restore_put_back_exactly_what_the_class_held() -> None:
+    cls = type("Manager", (), {"capture": vllms, "other": vllms})
+    wrap = ClassWrap(cls, ("capture",))
+    assert wrap.saved == {"capture": vllms} and wrap.stock == {"capture": vllms} and not wrap.live
+    ours = layer(wrap.stock["capture"])
+    wrap.apply({"capture": ours})
+    assert cls.__dict__["capture"] is ours and wrap.replacements == {"capture": ours} and wrap.live
+    assert cls().capture(1) == 2
+    assert wrap.restore() == [] and not wrap.live
+    assert cls.__dict__["capture"] is vllms and cls.__dict__["other"] is vllms
+
+
+def test_a_second_wrap_over_a_plugin_wrapper_calls_vllms_own_and_restores_the_first() -> None:
+    """An offline tool wrapping a class the process's installer already wrapped runs one plugin layer."""
+    cls = type("Manager", (), {"capture": vllms})
+    first = ClassWrap(cls, ("capture",))
+    first_layer = layer(first.stock["capture"])
+    first.apply({"capture": first_layer})
+    second = ClassWrap(cls, ("capture",))
+    assert second.saved == {"capture": first_layer} and second.stock == {"capture": vllms}
+    second.apply({"capture": layer(second.stock["capture"])})
+    assert cls().capture(1) == 2  # one plugin layer, not two
+    assert second.restore() == [] and cls.__dict__["capture"] is first_layer
+    assert first.restore() == [] and cls.__dict__["capture"] is vllms
+
+
+def test_restore_leaves_a_foreign_wrapper_and_names_it() -> None:
+    cls = type("Manager", (), {"__init__": lambda self: None, "capture": vllms})
+    wrap = ClassWrap(cls, ("__init__", "capture"))
+    ours = {name: layer(function) for name, function in wrap.stock.items()}
+    wrap.apply(ours)
+    theirs = foreign(ours["capture"])
+    cls.capture = theirs
+    assert wrap.restore() == ["Manager.capture"] and not wrap.live
+    assert cls.__dict__["capture"] is theirs and cls.__dict__["__init__"] is wrap.saved["__init__"]
