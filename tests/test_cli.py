@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from typing import Any
 
 import pytest
@@ -15,7 +16,10 @@ pytestmark = pytest.mark.contract
 
 
 def test_main_job_shows_the_crash_and_the_fix(capsys: Any) -> None:
+    """And leaves os.environ exactly as it found it (it sets VLLM_LOGGING_LEVEL for its own run)."""
+    environ = dict(os.environ)
     assert main([]) == 0
+    assert dict(os.environ) == environ
     out = capsys.readouterr().out
     assert "would patch: yes" in out
     assert "PIECEWISE   51 descriptors, num_tokens 512, 496, 480, 464, 448, ..., 16, 8, 4, 2, 1" in out

@@ -1,27 +1,32 @@
-"""Every bad input the CLI meets, as a user meets it: the console script in a fresh process, real vLLM 0.33.0.
+"""Every bad input the CLI meets, as a user meets it, and what reaches the terminal; real vLLM 0.33.0.
 
 Each answer is one line naming the problem with the documented exit code (2 bad arguments, 3 cannot
 check here), never a traceback; with --json, stdout is exactly one JSON object carrying ``error``. By
 default vLLM's INFO lines and the warnings of a GPU-less machine are hidden; ``-v`` shows them.
+
+What needs a fresh process runs in one: the console script for each pre-flight that imports vLLM
+(quiet, ``-v``, the operator's own log level), started together. The bad inputs are refused before vLLM
+is imported; they run as ``main([...])`` calls in one fresh process per environment (the hub variables
+are read when ``huggingface_hub`` is imported), each call's stdout and stderr captured on its own.
 """
 
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
-from configs import QWEN3_0_6B
+from childproc import Checks, clean_environment, finish, once_per_run, run_root, start
+from configs import KIMI_CRASH, KIMI_LINEAR_4_LAYERS, NO_WEIGHTS, QWEN3_0_6B
 
 pytest.importorskip("vllm.v1.worker.gpu.cudagraph_utils")
 pytestmark = pytest.mark.subprocess
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = Path(sys.executable).with_name("vllm-staging-plugin")
-NO_WEIGHTS = ["--load-format", "dummy", "--skip-tokenizer-init"]
 TINY_UNKNOWN = {
     "architectures": ["NoSuchModelForCausalLM"], "model_type": "llama", "hidden_size": 64,
     "intermediate_size": 64, "num_hidden_layers": 1, "num_attention_heads": 2, "vocab_size": 128,
@@ -31,22 +36,24 @@ CPU_ONLY_NOISE = ("Failed to import from vllm._C", "Triton not available", "Fail
 
 
 def cli(*words: str, cwd: Path, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    base = {k: v for k, v in os.environ.items()
-            if not k.startswith(("STAGING_PLUGIN_", "VLLM_LOGGING", "HF_"))}  # fmt: skip
     return subprocess.run(
         [str(SCRIPT), *words],
         cwd=cwd,
-        env={**base, **(env or {})},
+        env=terminal_environment(env),
         capture_output=True,
         text=True,
         timeout=300,
     )
 
 
-def one_json_object(proc: subprocess.CompletedProcess[str]) -> dict[str, object]:
-    assert "Traceback" not in proc.stderr, proc.stderr[-2000:]
-    out: dict[str, object] = json.loads(proc.stdout)  # the whole of stdout is one object
-    assert out["exit_code"] == proc.returncode and ("error" in out) == (proc.returncode >= 2)
+def terminal_environment(env: dict[str, str] | None = None) -> dict[str, str]:
+    return clean_environment(env, drop=("VLLM_LOGGING", "HF_"))
+
+
+def one_json_object(code: int, stdout: str, stderr: str) -> dict[str, Any]:
+    assert "Traceback" not in stderr, stderr[-2000:]
+    out: dict[str, Any] = json.loads(stdout)  # the whole of stdout is one object
+    assert out["exit_code"] == code and ("error" in out) == (code >= 2)
     return out
 
 
@@ -58,77 +65,156 @@ def folder(root: Path, config: dict[str, object]) -> Path:
 
 OFFLINE = {"HF_HUB_OFFLINE": "1"}
 CLOSED_HUB = {"HF_ENDPOINT": "http://127.0.0.1:9"}  # nothing listens there: the hub cannot be reached
+BAD_INPUTS = [  # (words, environment, exit code, the one line says)
+    (["--", "./missing-model"], OFFLINE, 2,
+     "model './missing-model': no such folder (a local model is a folder holding its config.json)"),
+    (["--", "./missing-model"], {}, 2, "model './missing-model': no such folder"),
+    (["--", "./config.json"], OFFLINE, 2, "model './config.json': a file, not a model folder"),
+    (["--", "qwen3x"], CLOSED_HUB, 2, "model 'qwen3x': no such folder; did you mean 'qwen3'?"),
+    (["--", "Qwen/Qwen3-8B"], OFFLINE, 3,
+     "model 'Qwen/Qwen3-8B' is not a local folder, not in the Hugging Face cache, and HF_HUB_OFFLINE"),
+    (["--", "Qwen/Qwen3-8B"], CLOSED_HUB, 3,
+     "model 'Qwen/Qwen3-8B' is not a local folder and the hub (127.0.0.1) cannot be reached"),
+    (["--order", "zigzag", "--", "./qwen3"], {}, 2, "--order 'zigzag': unknown order policy"),
+    (["--", "./qwen3"], {"STAGING_PLUGIN_ORDER": "zigzag"}, 2, "STAGING_PLUGIN_ORDER='zigzag': unknown"),
+    (["--gpus", "0", "--", "./qwen3"], {}, 2, "argument --gpus: '0': must be 1 or more"),
+    (["--"], {}, 2, f"nothing after `--`: {FORM}"),
+    (["./qwen3", "--max-num-seqs", "4"], {}, 2,
+     f"'./qwen3' looks like a model: the vllm serve arguments go after `--`, as in: {FORM}"),
+]  # fmt: skip
+HUB_VARIABLES = ("HF_HUB_OFFLINE", "HF_ENDPOINT")  # read once, when huggingface_hub is imported
+CALLS = """
+import contextlib, io, json, os, sys
+from vllm_staging_plugin._offline.cli import main
+
+for name, words, variables in json.loads(os.environ["CALLS"]):
+    @check(name)
+    def _():
+        saved = dict(os.environ)
+        os.environ.update(variables)
+        out, err = io.StringIO(), io.StringIO()
+        try:
+            with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+                code = main(words)  # what the console script runs: sys.exit(main())
+        finally:
+            os.environ.clear()
+            os.environ.update(saved)
+        return {"code": code, "out": out.getvalue(), "err": err.getvalue(), "vllm": "vllm" in sys.modules}
+"""
+STOCK_CRASH = "The expanded size of the tensor (8) must match the existing size (9)"
 
 
-@pytest.mark.parametrize(
-    ("words", "env", "code", "message"),
-    [
-        (["--", "./missing-model"], OFFLINE, 2,
-         "model './missing-model': no such folder (a local model is a folder holding its config.json)"),
-        (["--", "./missing-model"], {}, 2, "model './missing-model': no such folder"),
-        (["--", "./config.json"], OFFLINE, 2, "model './config.json': a file, not a model folder"),
-        (["--", "qwen3x"], CLOSED_HUB, 2, "model 'qwen3x': no such folder; did you mean 'qwen3'?"),
-        (["--", "Qwen/Qwen3-8B"], OFFLINE, 3,
-         "model 'Qwen/Qwen3-8B' is not a local folder, not in the Hugging Face cache, and HF_HUB_OFFLINE"),
-        (["--", "Qwen/Qwen3-8B"], CLOSED_HUB, 3,
-         "model 'Qwen/Qwen3-8B' is not a local folder and the hub (127.0.0.1) cannot be reached"),
-        (["--order", "zigzag", "--", "./qwen3"], {}, 2, "--order 'zigzag': unknown order policy"),
-        (["--", "./qwen3"], {"STAGING_PLUGIN_ORDER": "zigzag"}, 2, "STAGING_PLUGIN_ORDER='zigzag': unknown"),
-        (["--gpus", "0", "--", "./qwen3"], {}, 2, "argument --gpus: '0': must be 1 or more"),
-        (["--"], {}, 2, f"nothing after `--`: {FORM}"),
-        (["./qwen3", "--max-num-seqs", "4"], {}, 2,
-         f"'./qwen3' looks like a model: the vllm serve arguments go after `--`, as in: {FORM}"),
-    ],
-)  # fmt: skip
+def case_name(words: list[str], env: dict[str, str]) -> str:
+    return " ".join([*(f"{k}={v}" for k, v in env.items()), *words])
+
+
+def _children(root: Path) -> dict[str, Any]:
+    """Every child of this module, started together; what each printed and exited with."""
+    (root / "config.json").write_text("{}")
+    qwen3 = str(folder(root / "qwen3", QWEN3_0_6B))
+    kimi = str(folder(root / "kimi", KIMI_LINEAR_4_LAYERS))
+    unknown = str(folder(root / "unknown", TINY_UNKNOWN))
+    own_level = OFFLINE | {"VLLM_LOGGING_LEVEL": "INFO"}
+    scripts = {
+        "quiet": (["check", "--", kimi, *NO_WEIGHTS, *KIMI_CRASH], OFFLINE),
+        "verbose": (["check", "-v", "--", kimi, *NO_WEIGHTS, *KIMI_CRASH], OFFLINE),
+        "own level": (["check", "--json", "--", qwen3, *NO_WEIGHTS], own_level),
+    }  # fmt: skip
+    calls: dict[str, list[list[Any]]] = {}
+    for words, env, _, _ in BAD_INPUTS:
+        hub = {k: v for k, v in env.items() if k in HUB_VARIABLES}
+        rest = {k: v for k, v in env.items() if k not in HUB_VARIABLES}
+        for argv in (["check", *words], ["check", "--json", *words]):
+            calls.setdefault(json.dumps(hub), []).append([case_name(argv, env), argv, rest])
+    calls[json.dumps(OFFLINE)] += [  # last: these import vLLM
+        ["unknown architecture", ["check", "--", unknown, *NO_WEIGHTS], {}],
+        ["unknown architecture --json", ["check", "--json", "--", unknown, *NO_WEIGHTS], {}],
+    ]
+    running = {
+        name: subprocess.Popen([str(SCRIPT), *argv], cwd=root, env=terminal_environment(env), text=True,
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        for name, (argv, env) in scripts.items()
+    }  # fmt: skip
+    callers = [
+        start(CALLS, terminal_environment({**json.loads(hub), "CALLS": json.dumps(group)}), cwd=root)
+        for hub, group in calls.items()
+    ]
+    results: dict[str, Any] = {"calls": {}}
+    for caller in callers:
+        results["calls"].update(finish(caller, timeout=400).results)
+    for name, proc in running.items():
+        stdout, stderr = proc.communicate(timeout=400)
+        results[name] = {"code": proc.returncode, "out": stdout, "err": stderr}
+    return results
+
+
+@pytest.fixture(scope="module")
+def children(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    root = tmp_path_factory.mktemp("cli")
+    shared: dict[str, Any] = once_per_run(
+        run_root(tmp_path_factory.getbasetemp()), "test_cli_inputs", lambda: _children(root)
+    )
+    return shared
+
+
+def call(children: dict[str, Any], words: list[str], env: dict[str, str] | None = None) -> dict[str, Any]:
+    result: dict[str, Any] = Checks(children["calls"], "").value(case_name(words, env or {}))
+    return result
+
+
+@pytest.mark.parametrize(("words", "env", "code", "message"), BAD_INPUTS)
 def test_each_bad_input_is_one_line_with_its_exit_code(
-    words: list[str], env: dict[str, str], code: int, message: str, tmp_path: Path
+    words: list[str], env: dict[str, str], code: int, message: str, children: dict[str, Any]
 ) -> None:
-    (tmp_path / "config.json").write_text("{}")
-    folder(tmp_path / "qwen3", QWEN3_0_6B)
-    text = cli("check", *words, cwd=tmp_path, env=env)
-    assert text.returncode == code, text.stderr[-2000:]
-    assert text.stdout == "" and "Traceback" not in text.stderr
-    lines = text.stderr.strip().splitlines()
-    assert len(lines) == 1 and message in lines[0], text.stderr
-    proc = cli("check", "--json", *words, cwd=tmp_path, env=env)
-    out = one_json_object(proc)
-    assert proc.returncode == code and message in str(out["message"])
+    text = call(children, ["check", *words], env)
+    assert text["code"] == code, text["err"][-2000:]
+    assert text["out"] == "" and "Traceback" not in text["err"]
+    lines = text["err"].strip().splitlines()
+    assert len(lines) == 1 and message in lines[0], text["err"]
+    as_json = call(children, ["check", "--json", *words], env)
+    out = one_json_object(as_json["code"], as_json["out"], as_json["err"])
+    assert as_json["code"] == code and message in str(out["message"])
+    assert not text["vllm"] and not as_json["vllm"]  # refused before vLLM is imported
 
 
-def test_an_unknown_architecture_is_one_line_not_vllms_list_quietly(tmp_path: Path) -> None:
-    """Also the quiet default: no vLLM INFO line and none of the CPU-only warnings reach the terminal."""
-    model = folder(tmp_path / "unknown", TINY_UNKNOWN)
-    proc = cli("check", "--", str(model), *NO_WEIGHTS, cwd=tmp_path, env=OFFLINE)
-    assert proc.returncode == 2 and proc.stdout == ""
-    assert proc.stderr.strip().splitlines() == [
+def test_an_unknown_architecture_is_one_line_not_vllms_list(children: dict[str, Any]) -> None:
+    """The first of these two calls imports vLLM in its process, quietly: one line on stderr."""
+    text, as_json = call(children, ["unknown architecture"]), call(children, ["unknown architecture --json"])
+    assert text["vllm"] and text["code"] == 2 and text["out"] == ""
+    assert text["err"].strip().splitlines() == [
         "vllm-staging-plugin check: bad arguments: ModelConfig: Model architectures "
         "['NoSuchModelForCausalLM'] are not supported for now: vLLM 0.33.0 does not know this architecture "
         "(check `architectures` in config.json and the vLLM version)"
     ]
-    out = one_json_object(cli("check", "--json", "--", str(model), *NO_WEIGHTS, cwd=tmp_path, env=OFFLINE))
+    out = one_json_object(as_json["code"], as_json["out"], as_json["err"])
     assert out["exit_code"] == 2 and len(str(out["message"])) < 300
 
 
-def test_quiet_by_default_everything_with_verbose(tmp_path: Path) -> None:
-    model = str(folder(tmp_path / "qwen3", QWEN3_0_6B))
-    quiet = cli("check", "--", model, *NO_WEIGHTS, cwd=tmp_path, env=OFFLINE)
-    assert quiet.returncode == 0 and "stock vLLM (its own order): boots" in quiet.stdout
-    assert quiet.stderr == ""  # nothing but the answer
-    loud = cli("check", "-v", "--", model, *NO_WEIGHTS, cwd=tmp_path, env=OFFLINE)
-    assert loud.returncode == 0 and loud.stdout == quiet.stdout
-    assert " INFO " in loud.stderr and any(noise in loud.stderr for noise in CPU_ONLY_NOISE)
-    assert loud.stderr.startswith("note: messages about vllm._C and Triton are expected on a machine without")
-    # the operator's own log level is kept, and stdout is still one JSON object
-    own = cli(
-        "check",
-        "--json",
-        "--",
-        model,
-        *NO_WEIGHTS,
-        cwd=tmp_path,
-        env={**OFFLINE, "VLLM_LOGGING_LEVEL": "INFO"},
-    )
-    assert one_json_object(own)["stock"] and " INFO " in own.stderr
+def test_the_console_script_end_to_end_quietly(children: dict[str, Any]) -> None:
+    """The installed entry point, a fresh process, the decisive configuration, text output; by default
+    nothing but the answer reaches the terminal: no vLLM INFO line, none of the CPU-only warnings."""
+    quiet = children["quiet"]
+    assert quiet["code"] == 0, quiet["out"][-2000:] + quiet["err"][-3000:]
+    out = quiet["out"]
+    assert "  PIECEWISE    4 descriptors, num_tokens 8, 4, 2, 1" in out
+    assert "  FULL         3 descriptors, num_tokens 9, 6, 3" in out
+    assert "stock vLLM (its own order): crashes at capture" in out and STOCK_CRASH in out
+    assert "  allocated by  PIECEWISE num_tokens=8" in out
+    assert "  did not fit   FULL num_tokens=9 (uniform decode 3 x 3)" in out
+    assert "with the plugin (order descending): boots, 9-row buffers" in out
+    assert quiet["err"] == ""
+
+
+def test_verbose_shows_everything_else_unchanged(children: dict[str, Any]) -> None:
+    loud = children["verbose"]
+    assert loud["code"] == 0 and loud["out"] == children["quiet"]["out"]
+    assert " INFO " in loud["err"] and any(noise in loud["err"] for noise in CPU_ONLY_NOISE)
+    assert loud["err"].startswith("note: messages about vllm._C and Triton are expected on a machine without")
+
+
+def test_the_operators_log_level_is_kept_and_stdout_is_one_json_object(children: dict[str, Any]) -> None:
+    own = children["own level"]
+    assert one_json_object(own["code"], own["out"], own["err"])["stock"] and " INFO " in own["err"]
 
 
 def test_help_lists_every_option_and_the_exit_codes(tmp_path: Path) -> None:

@@ -13,12 +13,14 @@ from typing import Any
 
 import pytest
 import torch
+from fakes import installed
 
 pytest.importorskip("vllm.v1.worker.gpu.cudagraph_utils")
 
 import vllm_staging_plugin
 from vllm_staging_plugin._engine import capture_session, installer, receipts, runner_guard, staging
 from vllm_staging_plugin._engine.policies import BuiltinPolicies
+from vllm_staging_plugin._engine.settings import Settings
 from vllm_staging_plugin._offline import cpu_replay
 from vllm_staging_plugin._offline.cpu_replay import ReplayConfig
 
@@ -156,9 +158,11 @@ def test_receipts_are_written_when_nothing_fails(tmp_path: Path, monkeypatch: py
 @pytest.fixture
 def v1_runner_class() -> Iterator[type]:
     module = pytest.importorskip(runner_guard.V1_RUNNER_MODULE)
-    cls = getattr(module, runner_guard.V1_RUNNER_CLASS)
+    cls: type = getattr(module, runner_guard.V1_RUNNER_CLASS)
+    original = cls.__dict__["__init__"]
     yield cls
-    installer.INSTALLER.unwrap(cls)
+    vllm_staging_plugin.unregister()
+    assert cls.__dict__["__init__"] is original
 
 
 def test_v1_runner_is_reported_once(
@@ -167,17 +171,16 @@ def test_v1_runner_is_reported_once(
     monkeypatch.setenv("STAGING_PLUGIN_ORDER", "ascending")
     original = v1_runner_class.__dict__["__init__"]
     vllm_staging_plugin.register()  # the module is already imported: guarded at once
-    assert installer.INSTALLER.classes[v1_runner_class].originals["__init__"] is original
+    guard = installed().guard
+    assert guard.wrap.saved["__init__"] is original and v1_runner_class.__dict__["__init__"] is not original
     for _ in range(2):
         with pytest.raises(TypeError):  # vLLM's own __init__ runs after the warning (and rejects no args)
             v1_runner_class()
-    assert plugin_log.warnings == [runner_guard.message()]
+    assert plugin_log.warnings == [guard.message()]
     assert (
         "STAGING_PLUGIN_ORDER=ascending" in plugin_log.warnings[0]
         and "V1 model runner" in plugin_log.warnings[0]
     )
-    vllm_staging_plugin.unregister()
-    assert v1_runner_class.__dict__["__init__"] is original
 
 
 def test_v1_runner_is_an_error_in_strict_mode(v1_runner_class: type, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -225,8 +228,11 @@ def test_ray_v2_executor_hands_workers_the_whole_driver_environment(monkeypatch:
 
 def test_operator_prefixes_are_kept() -> None:
     env = {"STAGING_PLUGIN_ORDER": "ascending", installer.RAY_PREFIXES_VARIABLE: "MYCO_, NCCL_"}
-    installer.INSTALLER.forward_to_ray_workers(env)
+    forwarding = installer.Installer(Settings(order="ascending"), environ=env)
+    forwarding.forward_to_ray_workers()
     assert env[installer.RAY_PREFIXES_VARIABLE] == "MYCO_,NCCL_,STAGING_PLUGIN_"
+    forwarding.restore_ray_variable()
+    assert env[installer.RAY_PREFIXES_VARIABLE] == "MYCO_, NCCL_"  # the operator's value, as it was
     untouched: dict[str, str] = {}
-    installer.INSTALLER.forward_to_ray_workers(untouched)  # no plugin variable: nothing to forward
+    installer.Installer(Settings(), environ=untouched).forward_to_ray_workers()  # no plugin variable
     assert untouched == {}

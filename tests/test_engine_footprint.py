@@ -4,19 +4,20 @@ Two ranks (a real gloo group whose store records every call) register the plugin
 vLLM's ``cudagraph_utils`` import apply the patch, and capture on CPU with no ``STAGING_PLUGIN_*`` variable
 set. Recorded there: which of the plugin's modules (and pluggy) are loaded, which hooks sit on
 ``sys.meta_path``, every store call and every plugin frame during the capture, and the plugin frames of a
-graph replay and of an unrelated import afterwards. A second capture under ``ascending`` is the control
-arm: it shows that the same instruments do see the plugin when it has something to do.
+graph replay and of an unrelated import afterwards. A second start-up under ``ascending`` is the control
+arm: it shows that the same instruments do see the plugin when it has something to do. Under that order
+the same two ranks then capture two parallel layouts (the two-GPU runs of issue 6 could not be made):
+tensor-parallel ranks, and the two stages of a pipeline.
 """
 
 from __future__ import annotations
 
 import ast
-import os
 from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import free_port, spawn_ranks
+from childproc import clean_environment, free_port, once_per_run, run_root, run_together
 
 import vllm_staging_plugin
 
@@ -120,9 +121,31 @@ sys.modules.pop("wave", None)
 out["import_frames"] = engine_frames(lambda: __import__("wave"))
 out["files_written"] = os.listdir(workdir)
 
-os.environ["STAGING_PLUGIN_ORDER"] = "ascending"  # the control arm: the same instruments, an order set
+import vllm.plugins
+import vllm_staging_plugin
+
+vllm_staging_plugin.unregister()  # the control arm: a process started with an order set
+os.environ["STAGING_PLUGIN_ORDER"] = "ascending"
+vllm.plugins.plugins_loaded = False
+load_general_plugins()
 _, out["ascending"] = capture(cpu_replay.DEFAULT_SIZES)
 out["ascending"]["modules"] = plugin_modules()
+
+# Parallel layouts under that order: tensor-parallel ranks 0 and 1, and the two stages of a pipeline (the
+# first stage stages vLLM's IntermediateTensors, the last hidden states); stock replayed alike.
+layouts = {
+    "tp": cpu_replay.ReplayConfig(hidden_size=256, tensor_parallel_size=2),
+    "pp": cpu_replay.ReplayConfig(hidden_size=256, pipeline_parallel_size=2,
+                                  first_pp_rank=rank == 0, last_pp_rank=rank == 1),
+}
+for name, cfg in layouts.items():
+    with cpu_replay.cpu_stubs(cfg):
+        manager = cpu_replay.build_manager(cfg)
+        patched = cpu_replay.run_capture(manager, cfg)
+    stock = cpu_replay.replay(cfg, patched=False, reorder=cpu_replay.ascending)
+    out[name] = {"ok": patched.ok, "error": patched.error, "capacity": patched.capacity,
+                 "forwards": patched.forwards[::2], "agreed": staging.state_of(manager).ranks_agreed,
+                 "rows": {k: b["rows"] for k, b in patched.buffers.items()}, "stock_error": stock.error}
 dist.barrier()
 print("RESULT:" + json.dumps(out))
 """
@@ -134,19 +157,25 @@ DEFAULT_LOADED = [
     "vllm_staging_plugin._engine.import_hook",
     "vllm_staging_plugin._engine.installer",
     "vllm_staging_plugin._engine.patch",
+    "vllm_staging_plugin._engine.runner_guard",
     "vllm_staging_plugin._engine.settings",
     "vllm_staging_plugin._engine.sizing",
     "vllm_staging_plugin._engine.staging",
+    "vllm_staging_plugin._engine.wrapping",
 ]
 
 
 @pytest.fixture(scope="module")
 def ranks(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
     pytest.importorskip("vllm.v1.worker.gpu.cudagraph_utils")
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("STAGING_PLUGIN", "VLLM_PLUGINS"))}
+    env = clean_environment()
     env["STORE"] = str(tmp_path_factory.mktemp("store") / "store")
     env["MASTER_ADDR"], env["MASTER_PORT"] = "127.0.0.1", str(free_port())
-    return spawn_ranks(RANK, [env | {"RANK": str(rank)} for rank in range(2)])
+    envs = [env | {"RANK": str(rank), "PYTHONHASHSEED": str(rank + 7)} for rank in range(2)]
+    ranks: list[dict[str, Any]] = once_per_run(
+        run_root(tmp_path_factory.getbasetemp()), "test_engine_footprint", lambda: run_together(RANK, envs)
+    )
+    return ranks
 
 
 pytestmark = [pytest.mark.contract, pytest.mark.subprocess]
@@ -190,6 +219,25 @@ def test_the_control_arm_shows_the_instruments_work(ranks: list[dict[str, Any]])
         assert {"pluggy", "vllm_staging_plugin._engine.policies"} <= set(control["modules"])
         assert "vllm_staging_plugin._engine.capture_session" not in control["modules"]  # no receipts asked
         assert len(control["frames"]) > len(rank["default"]["frames"])
+
+
+def test_every_rank_captures_the_same_order_with_the_same_capacity(ranks: list[dict[str, Any]]) -> None:
+    for layout in ("tp", "pp"):
+        first, second = (r[layout] for r in ranks)
+        assert first["ok"] and second["ok"], (first["error"], second["error"])
+        assert first["capacity"] == second["capacity"] == 512
+        assert first["agreed"] == second["agreed"] == 2  # the coupled ranks compared their plans first
+        assert first["forwards"] == second["forwards"]  # identical capture sequence on both ranks
+        assert first["forwards"][:51] == sorted(first["forwards"][:51])  # and it is the ascending one
+        for r in (first, second):
+            assert "must match the existing size" in r["stock_error"]  # stock crashes on every rank
+    assert ranks[0]["tp"]["rows"] == ranks[1]["tp"]["rows"] == {"hidden_states": 512}
+    # pipeline: the first (non-last) stage stages IntermediateTensors, the last stage hidden states
+    assert ranks[0]["pp"]["rows"] == {
+        "intermediate_tensors[hidden_states]": 512,
+        "intermediate_tensors[residual]": 512,
+    }
+    assert ranks[1]["pp"]["rows"] == {"hidden_states": 512}
 
 
 def _imports(path: Path) -> set[str]:

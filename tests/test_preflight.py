@@ -8,41 +8,22 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
-from configs import QWEN3_0_6B
+from configs import KIMI_CRASH, KIMI_LINEAR_4_LAYERS, NO_WEIGHTS, QWEN3_0_6B
+from fakes import installed, is_patched
 
 pytest.importorskip("vllm.v1.worker.gpu.cudagraph_utils")
 
-from vllm_staging_plugin._offline import preflight
+import vllm_staging_plugin
+from vllm_staging_plugin._offline import cpu_replay, preflight
 from vllm_staging_plugin._offline.cli import main
 
 pytestmark = pytest.mark.contract
 
-# Kimi-Linear-48B-A3B's config.json shape, cut to 4 layers (3 KDA, 1 MLA) and 32 experts
-KIMI_LINEAR_4_LAYERS = {
-    "architectures": ["KimiLinearForCausalLM"], "model_type": "kimi_linear", "vocab_size": 163840,
-    "hidden_size": 2304, "intermediate_size": 9216, "num_hidden_layers": 4, "num_attention_heads": 32,
-    "num_key_value_heads": 32, "head_dim": 72, "q_lora_rank": None, "kv_lora_rank": 512,
-    "qk_nope_head_dim": 128, "qk_rope_head_dim": 64, "v_head_dim": 128, "mla_use_nope": True,
-    "moe_intermediate_size": 1024, "num_experts": 32, "num_experts_per_token": 4, "num_shared_experts": 1,
-    "first_k_dense_replace": 1, "moe_layer_freq": 1, "moe_renormalize": True,
-    "moe_router_activation_func": "sigmoid", "routed_scaling_factor": 2.446, "use_grouped_topk": True,
-    "num_expert_group": 1, "topk_group": 1, "max_position_embeddings": 4096, "rms_norm_eps": 1e-5,
-    "linear_attn_config": {"kda_layers": [1, 2, 3], "full_attn_layers": [4], "head_dim": 128,
-                           "num_heads": 32, "short_conv_kernel_size": 4},
-    "tie_word_embeddings": False, "torch_dtype": "bfloat16", "bos_token_id": 163584, "eos_token_id": 163585,
-}  # fmt: skip
-NO_WEIGHTS = ["--load-format", "dummy", "--skip-tokenizer-init"]
-KIMI_CRASH = [  # issue 10's configuration: n-gram 2 tokens, recover-SSM, 4 sequences, an operator-set grid
-    "--max-num-seqs", "4", "--use-replayssm",
-    "--speculative-config", '{"method": "ngram", "num_speculative_tokens": 2, "prompt_lookup_max": 4}',
-    "-cc", '{"cudagraph_capture_sizes": [1, 2, 4, 8, 16]}',
-]  # fmt: skip
 STOCK_CRASH = "The expanded size of the tensor (8) must match the existing size (9)"
 
 
@@ -164,19 +145,64 @@ def test_an_architecture_vllm_cannot_inspect_here_exits_3(
     assert "run the check on the GPU host" in out["message"]
 
 
+def _process_state() -> dict[str, Any]:
+    """What an in-process pre-flight must leave exactly as it found it."""
+    import vllm.platforms
+
+    from vllm_staging_plugin._engine.wrapping import is_plugin_wrapper
+
+    cls = cpu_replay.cudagraph_module().ModelCudaGraphManager
+    process = installed()
+    patch = process.patch if process is not None else None
+    return {
+        "environ": dict(os.environ),
+        "meta_path": [id(finder) for finder in sys.meta_path],
+        "installed": id(process),
+        "installer": None if process is None else (process.installed, process.guard.warned, id(patch)),
+        "patch": None if patch is None else (id(patch.wrap), patch.wrap and patch.wrap.live, patch.refused,
+                                             patch.announced, patch.vllm_presizes, list(patch.foreign)),
+        "class": {name: id(cls.__dict__[name]) for name in ("__init__", "capture")},
+        "plugin_wrappers": [is_plugin_wrapper(cls.__dict__[name]) for name in ("__init__", "capture")],
+        "platform": id(vllm.platforms.current_platform),
+        "bindings": {name: id(vars(module)["current_platform"]) for name, module in list(sys.modules.items())
+                     if name.startswith("vllm.") and "current_platform" in vars(module)},
+    }  # fmt: skip
+
+
+K3 = json.loads((Path(__file__).parent / "data" / "kimi-k3-4l" / "config.json").read_text())
+
+
 @pytest.mark.usefixtures("offline")
-def test_the_machine_is_left_as_it_was(tmp_path: Path, capsys: Any) -> None:
-    import vllm.config.vllm as config_module
+@pytest.mark.parametrize("registered", [False, True], ids=["unregistered", "registered"])
+@pytest.mark.parametrize(
+    ("config", "argv"),
+    [(QWEN3_0_6B, ["--max-num-seqs", "4"]), (K3, KIMI_CRASH)],
+    ids=["qwen3", "kimi-k3-4l-stock-crash"],
+)
+def test_an_in_process_preflight_leaves_the_process_as_it_found_it(
+    config: dict[str, Any], argv: list[str], registered: bool, tmp_path: Path
+) -> None:
+    """os.environ (vLLM's VLLM_USE_BREAKABLE_CUDAGRAPH=1 undone), sys.meta_path, the process installer (the
+    real class keeps the installer's own wrappers when register() ran before) and every vLLM module's
+    ``current_platform`` binding, while the check emulated a CUDA platform and replayed both arms."""
     import vllm.platforms
 
     machine = vllm.platforms.current_platform
-    env = dict(os.environ)
-    assert main(["check", "--json", "--", model_dir(tmp_path / "q", QWEN3_0_6B), *NO_WEIGHTS,
-                 "--max-num-seqs", "4"]) == 0  # fmt: skip
-    out = json.loads(capsys.readouterr().out)
-    assert out["platform"]["emulated"] is not machine.is_cuda_alike()
-    assert vllm.platforms.current_platform is machine and config_module.current_platform is machine
-    assert dict(os.environ) == env  # vLLM's VLLM_USE_BREAKABLE_CUDAGRAPH=1 and the plugin's variables undone
+    if registered:
+        vllm_staging_plugin.register()
+        assert is_patched(cpu_replay.cudagraph_module().ModelCudaGraphManager)
+    before = _process_state()
+    result = preflight.run([model_dir(tmp_path / "model", config), *NO_WEIGHTS, *argv])
+    after = _process_state()
+    assert result.plugin_boots and result.platform["emulated"] is not machine.is_cuda_alike()
+    assert {k: v for k, v in after.items() if k != "bindings"} == {
+        k: v for k, v in before.items() if k != "bindings"
+    }
+    assert (
+        before["bindings"]
+        and {name: after["bindings"][name] for name in before["bindings"]} == before["bindings"]
+    )
+    assert set(after["bindings"].values()) <= {id(machine)}  # modules first imported during the check too
     if not machine.is_cuda_alike():
         assert "vllm.platforms.cuda" not in sys.modules  # later imports fail as before the check
 
@@ -190,27 +216,6 @@ def test_the_emulated_platform_is_vllms_cuda_platform() -> None:
     assert platform.support_static_graph_mode() and platform.is_cuda()
     assert platform.get_device_name() == "NVIDIA A100-SXM4-80GB" and platform.has_device_capability(80)
     assert not platform.has_device_capability(90)
-
-
-@pytest.mark.subprocess
-def test_console_script_end_to_end(tmp_path: Path) -> None:
-    """The installed entry point, a fresh process, the decisive configuration, text output."""
-    script = Path(sys.executable).with_name("vllm-staging-plugin")
-    model = model_dir(tmp_path / "kimi", KIMI_LINEAR_4_LAYERS)
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("STAGING_PLUGIN", "VLLM_PLUGINS"))}
-    proc = subprocess.run(
-        [str(script), "check", "--", model, *NO_WEIGHTS, *KIMI_CRASH],
-        env={**env, "HF_HUB_OFFLINE": "1"}, capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
-    out = proc.stdout
-    assert "  PIECEWISE    4 descriptors, num_tokens 8, 4, 2, 1" in out
-    assert "  FULL         3 descriptors, num_tokens 9, 6, 3" in out
-    assert "stock vLLM (its own order): crashes at capture" in out and STOCK_CRASH in out
-    assert "  allocated by  PIECEWISE num_tokens=8" in out
-    assert "  did not fit   FULL num_tokens=9 (uniform decode 3 x 3)" in out
-    assert "with the plugin (order descending): boots, 9-row buffers" in out
-    assert "INFO" not in out  # vLLM's log lines went to stderr
 
 
 def test_a_bad_order_variable_is_named_as_the_variable(monkeypatch: pytest.MonkeyPatch, capsys: Any) -> None:

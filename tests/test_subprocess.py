@@ -1,67 +1,162 @@
-"""Fresh processes: vLLM's own plugin loader finds the entry point; third-party policies; rank determinism."""
+"""A fresh process: vLLM's own plugin loader finds the entry point; third-party policies; rank determinism.
+
+One child imports vLLM once and then plays several process start-ups in a row, each the way a vLLM
+process starts: its environment is set, the plugin is unregistered and vLLM's general plugins are loaded
+afresh (``vllm.plugins.plugins_loaded`` reset). Only the first start-up finds ``cudagraph_utils`` not yet
+imported (the import hook applies the patch); later ones find it imported (``register()`` patches at once).
+"""
 
 from __future__ import annotations
 
-import json
 import os
-import subprocess
-import sys
-import textwrap
 from importlib.metadata import entry_points
-from pathlib import Path
 from typing import Any
 
 import pytest
+from childproc import Checks, clean_environment, once_per_run, run_checks, run_root
 
 pytest.importorskip("vllm.plugins")
 pytestmark = pytest.mark.subprocess
-ROOT = Path(__file__).resolve().parents[1]
 
-BOOT = """
-import json, os
-try:  # engine processes configure vLLM's log handler before loading plugins (0.33.0)
-    from vllm.config.logging import LoggingConfig
-    from vllm.logger import configure_logging
-    configure_logging(LoggingConfig())
-except ImportError:
-    pass
-from vllm.plugins import load_general_plugins
-load_general_plugins()  # exactly what EngineCore / each worker does at start-up
-import vllm.v1.worker.gpu.cudagraph_utils as cu  # what model_runner imports before building managers
-from vllm_staging_plugin._offline import cpu_replay
-from vllm_staging_plugin._engine import patch, staging
-cfg = cpu_replay.ReplayConfig(hidden_size=64)
-order = os.environ.get("REPLAY_ORDER")
-with cpu_replay.cpu_stubs(cfg):
-    manager = cpu_replay.build_manager(cfg)
-    result = cpu_replay.run_capture(manager, cfg, cpu_replay.ascending if order == "ascending" else None)
-print("RESULT:" + json.dumps({
-    "patched": patch.is_patched(cu.ModelCudaGraphManager),
-    "capacity_attr": getattr(staging.state_of(manager), "capacity", None),
-    "ok": result.ok, "error": result.error,
-    "rows": {k: b["rows"] for k, b in result.buffers.items()},
-    "forwards": result.forwards[::2],
-}))
+START_UPS = """
+import os, sys
+import vllm_staging_plugin
+from vllm_staging_plugin._engine.wrapping import is_plugin_wrapper
+
+
+@check("register before vLLM is imported")
+def _():
+    vllm_staging_plugin.register()
+    heavy = sorted(m for m in ("torch", "vllm", "pluggy") if m in sys.modules)
+    vllm_staging_plugin.unregister()
+    return heavy
+
+
+from vllm.config.logging import LoggingConfig
+from vllm.logger import configure_logging
+
+configure_logging(LoggingConfig())  # engine processes configure vLLM's log handler before loading plugins
+import vllm.plugins
+
+
+def environment(plugins, **variables):
+    vllm_staging_plugin.unregister()  # the previous start-up's process is gone
+    for key in [k for k in os.environ if k.startswith("STAGING_PLUGIN")]:
+        del os.environ[key]
+    os.environ.update(variables, VLLM_PLUGINS=plugins)
+    vllm.plugins.plugins_loaded = False
+
+
+def start_up(plugins, **variables):
+    environment(plugins, **variables)
+    vllm.plugins.load_general_plugins()  # exactly what EngineCore / each worker does at start-up
+
+
+def capture(ascending=False):
+    import vllm.v1.worker.gpu.cudagraph_utils as cu  # what model_runner imports before building managers
+    from vllm_staging_plugin._engine import staging
+    from vllm_staging_plugin._offline import cpu_replay
+
+    cfg = cpu_replay.ReplayConfig(hidden_size=64)
+    with cpu_replay.cpu_stubs(cfg):
+        manager = cpu_replay.build_manager(cfg)
+        result = cpu_replay.run_capture(manager, cfg, cpu_replay.ascending if ascending else None)
+    cls = cu.ModelCudaGraphManager
+    return {
+        "patched": any(is_plugin_wrapper(cls.__dict__[name]) for name in ("__init__", "capture")),
+        "registered": vllm_staging_plugin._installed is not None,
+        "capacity_attr": getattr(staging.state_of(manager), "capacity", None),
+        "ok": result.ok, "error": result.error,
+        "rows": {k: b["rows"] for k, b in result.buffers.items()},
+        "forwards": result.forwards[::2],
+    }
+
+
+@check("the plugin named")
+def _():
+    start_up("vllm_staging_plugin")
+    return capture(ascending=True)
+
+
+@check("another plugin named")
+def _():
+    start_up("some_other_plugin")
+    return capture(ascending=True)
+
+
+for order in ("max-first", "evens-first"):
+    @check(f"order {order}")
+    def _():
+        start_up("vllm_staging_plugin", STAGING_PLUGIN_ORDER=order)
+        return capture()
+
+
+for variable, value in [["STAGING_PLUGIN_ORDER", "fastest"], ["STAGING_PLUGIN_STRICT", "2"],
+                        ["STAGING_PLUGIN_PRESIZE", "maybe"], ["STAGING_PLUGIN_ORDER", "ascending"]]:
+    @check(f"front end {variable}={value}")
+    def _():
+        from vllm.engine.arg_utils import EngineArgs
+
+        environment("vllm_staging_plugin", **{variable: value})
+        try:  # what `vllm serve` / `vllm.LLM` build first; vLLM loads general plugins in its __post_init__
+            EngineArgs(model="/nonexistent/model-never-read")
+        except Exception as exc:
+            return {"raised": type(exc).__name__, "message": str(exc)}
+        return {"raised": None, "registered": vllm_staging_plugin._installed is not None}
+
+
+@check("shuffle:7")
+def _():
+    from vllm_staging_plugin._engine.policies import PolicyRegistry
+    from vllm_staging_plugin._engine.settings import Settings
+    from vllm_staging_plugin._offline import cpu_replay
+
+    environment("vllm_staging_plugin")
+    cfg = cpu_replay.ReplayConfig()
+    with cpu_replay.cpu_stubs(cfg), cpu_replay.stock_or_patched(False):
+        manager = cpu_replay.build_manager(cfg)
+    order = PolicyRegistry.load().reordered(Settings(order="shuffle:7"), manager._capture_descs)
+    return {m.name: [[d.num_tokens, d.num_active_loras] for d in ds] for m, ds in order.items()}
+
+
+vllm_staging_plugin.unregister()
 """
 
+THIRD_PARTY = """
+from vllm_staging_plugin.hookspecs import hookimpl
 
-def run(code: str, env: dict[str, str], extra_path: Path | None = None) -> dict[str, Any]:
-    full_env = {k: v for k, v in os.environ.items() if not k.startswith(("STAGING_PLUGIN", "VLLM_PLUGINS"))}
-    full_env.update(env)
-    if extra_path is not None:
-        full_env["PYTHONPATH"] = os.pathsep.join([str(extra_path), full_env.get("PYTHONPATH", "")])
-    proc = subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(code)],
-        env=full_env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT:")]
-    assert proc.returncode == 0 and lines, proc.stdout[-3000:] + proc.stderr[-3000:]
-    result: dict[str, Any] = json.loads(lines[-1].removeprefix("RESULT:"))
-    result["log"] = proc.stdout + proc.stderr
-    return result
+@hookimpl
+def staging_order_policies():
+    return ["max-first", "evens-first"]  # max-first is a built-in name: the built-in keeps it
+
+@hookimpl
+def staging_capture_order(policy, argument, mode, descriptors):
+    if policy == "max-first":  # never asked: would keep vLLM's descending order
+        return list(descriptors)
+    evens = [d for d in descriptors if d.num_tokens % 2 == 0]
+    return evens + [d for d in descriptors if d.num_tokens % 2]
+"""
+SHUFFLE_SEED = "99" if os.environ.get("PYTHONHASHSEED") != "99" else "1"  # not this process's
+
+
+@pytest.fixture(scope="module")
+def child(tmp_path_factory: pytest.TempPathFactory) -> Checks:
+    """The child, with a third-party policy package installed beside it through entry points."""
+
+    def run() -> dict[str, Any]:
+        site = tmp_path_factory.mktemp("site")
+        (site / "my_policies.py").write_text(THIRD_PARTY)
+        dist = site / "my_policies-1.0.dist-info"
+        dist.mkdir()
+        (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: my-policies\nVersion: 1.0\n")
+        (dist / "entry_points.txt").write_text(
+            "[vllm_staging_plugin.order_policies]\nbroken = no_such_policy_module\nmine = my_policies\n"
+        )
+        path = os.pathsep.join([str(site), os.environ.get("PYTHONPATH", "")])
+        env = clean_environment({"PYTHONPATH": path, "RANK": "1", "PYTHONHASHSEED": SHUFFLE_SEED})
+        return run_checks(START_UPS, env).to_json()
+
+    return Checks.from_json(once_per_run(run_root(tmp_path_factory.getbasetemp()), "test_subprocess", run))
 
 
 def test_entry_point_is_installed() -> None:
@@ -71,109 +166,54 @@ def test_entry_point_is_installed() -> None:
     )
 
 
-def test_vllm_discovers_and_applies_the_plugin() -> None:
-    result = run(BOOT, {"VLLM_PLUGINS": "vllm_staging_plugin", "REPLAY_ORDER": "ascending"})
-    assert result["patched"] and result["capacity_attr"] == 512
+def test_register_imports_neither_torch_nor_vllm_nor_pluggy(child: Checks) -> None:
+    assert child.value("register before vLLM is imported") == []
+
+
+def test_vllm_discovers_and_applies_the_plugin(child: Checks) -> None:
+    result = child.value("the plugin named")
+    assert result["patched"] and result["registered"] and result["capacity_attr"] == 512
     assert result["ok"] and result["rows"] == {"hidden_states": 512}
-    assert "sized to 512 rows" in result["log"]
+    assert "sized to 512 rows" in child.log("the plugin named")  # through vLLM's own log handler
 
 
-def test_vllm_plugins_naming_another_plugin_leaves_vllm_stock() -> None:
-    result = run(BOOT, {"VLLM_PLUGINS": "some_other_plugin", "REPLAY_ORDER": "ascending"})
-    assert not result["patched"] and result["capacity_attr"] is None
+def test_vllm_plugins_naming_another_plugin_leaves_vllm_stock(child: Checks) -> None:
+    result = child.value("another plugin named")
+    assert not result["patched"] and not result["registered"] and result["capacity_attr"] is None
     assert not result["ok"] and "must match the existing size" in result["error"]
 
 
-THIRD_PARTY = """
-from vllm_staging_plugin.hookspecs import hookimpl
-
-@hookimpl
-def staging_order_policies():
-    return ["max-first", "evens-first"]
-
-@hookimpl
-def staging_capture_order(policy, argument, mode, descriptors):
-    if policy == "max-first":  # overrides the built-in: the largest, then DEScending (vLLM's order)
-        return list(descriptors)
-    if policy == "evens-first":
-        evens = [d for d in descriptors if d.num_tokens % 2 == 0]
-        return evens + [d for d in descriptors if d.num_tokens % 2]
-    return None
-"""
-
-
-def test_third_party_policy_through_entry_point(tmp_path: Path) -> None:
-    (tmp_path / "my_policies.py").write_text(THIRD_PARTY)
-    dist = tmp_path / "my_policies-1.0.dist-info"
-    dist.mkdir()
-    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: my-policies\nVersion: 1.0\n")
-    (dist / "entry_points.txt").write_text(
-        "[vllm_staging_plugin.order_policies]\nbroken = no_such_policy_module\nmine = my_policies\n"
-    )
-    env = {"VLLM_PLUGINS": "vllm_staging_plugin"}
-    overridden = run(BOOT, env | {"STAGING_PLUGIN_ORDER": "max-first"}, tmp_path)
-    assert overridden["ok"] and overridden["forwards"][:3] == [512, 496, 480]  # the override ran
-    assert "order-policy entry point 'broken' (no_such_policy_module) failed to load" in overridden["log"]
-    evens = run(BOOT, env | {"STAGING_PLUGIN_ORDER": "evens-first"}, tmp_path)
+def test_third_party_policy_through_entry_point(child: Checks) -> None:
+    evens = child.value("order evens-first")
     assert evens["ok"] and evens["rows"] == {"hidden_states": 512}
     piecewise = evens["forwards"][:51]
     assert piecewise[-1] == 1 and all(n % 2 == 0 for n in piecewise[:50])
+    log = child.log("order evens-first")
+    assert "order-policy entry point 'broken' (no_such_policy_module) failed to load" in log
 
 
-SHUFFLE = """
-from vllm_staging_plugin._offline import cpu_replay
-from vllm_staging_plugin._engine.policies import reordered
-from vllm_staging_plugin._engine.settings import read_settings
-from vllm_staging_plugin._engine import staging
-import json
-cfg = cpu_replay.ReplayConfig()
-with cpu_replay.cpu_stubs(cfg):
-    manager = cpu_replay.build_manager(cfg)
-order = reordered(read_settings(), manager._capture_descs)
-as_lists = {m.name: [(d.num_tokens, d.num_active_loras) for d in ds] for m, ds in order.items()}
-print("RESULT:" + json.dumps(as_lists))
-"""
+def test_a_package_declaring_a_builtin_name_does_not_take_it_over(child: Checks) -> None:
+    result = child.value("order max-first")
+    assert result["ok"] and result["forwards"][:3] == [512, 1, 2]  # the built-in: the largest, then ascending
+    assert "order policy 'max-first' is declared by 'builtin' and by 'mine'; 'builtin' keeps it" in child.log(
+        "order max-first"
+    )
 
 
-def test_shuffle_is_identical_across_processes_and_ranks() -> None:
-    runs = [
-        run(SHUFFLE, {"STAGING_PLUGIN_ORDER": "shuffle:7", "RANK": str(rank), "PYTHONHASHSEED": str(seed)})
-        for rank, seed in ((0, 1), (1, 99))
-    ]
-    for r in runs:
-        r.pop("log")
-    assert runs[0] == runs[1]
-    assert runs[0]["PIECEWISE"] != sorted(runs[0]["PIECEWISE"], reverse=True)
+def test_shuffle_is_identical_across_processes_and_ranks(child: Checks) -> None:
+    """The child (RANK 1, another hash seed) and this process (no RANK) shuffle vLLM's descriptors alike."""
+    from vllm_staging_plugin._engine.policies import PolicyRegistry
+    from vllm_staging_plugin._engine.settings import Settings
+    from vllm_staging_plugin._offline import cpu_replay
 
+    cfg = cpu_replay.ReplayConfig()
+    with cpu_replay.cpu_stubs(cfg), cpu_replay.stock_or_patched(False):
+        manager = cpu_replay.build_manager(cfg)
+    order = PolicyRegistry.load().reordered(Settings(order="shuffle:7"), manager._capture_descs)
+    here = {m.name: [[d.num_tokens, d.num_active_loras] for d in ds] for m, ds in order.items()}
+    assert child.value("shuffle:7") == here
+    assert here["PIECEWISE"] != sorted(here["PIECEWISE"], reverse=True)
 
-def test_register_is_import_light() -> None:
-    code = """
-    import sys, json
-    import vllm_staging_plugin
-    vllm_staging_plugin.register()
-    heavy = sorted(m for m in ("torch", "vllm", "pluggy") if m in sys.modules)
-    print("RESULT:" + json.dumps({"heavy": heavy}))
-    """
-    assert run(code, {})["heavy"] == []
-
-
-FRONT_END = """
-import json, os
-from vllm.engine.arg_utils import EngineArgs
-import vllm.plugins
-outcomes = []
-for variable, value in json.loads(os.environ["CASES"]):  # one vLLM import for every case
-    os.environ.pop("STAGING_PLUGIN_ORDER", None)
-    os.environ[variable] = value
-    vllm.plugins.plugins_loaded = False  # each EngineArgs below loads the plugins afresh, as a new process
-    try:  # what `vllm serve` / `vllm.LLM` build first; vLLM loads general plugins in its __post_init__
-        EngineArgs(model="/nonexistent/model-never-read")
-        outcomes.append({"raised": None})
-    except Exception as exc:
-        outcomes.append({"raised": type(exc).__name__, "message": str(exc)})
-    del os.environ[variable]
-print("RESULT:" + json.dumps({"outcomes": outcomes}))
-"""
 
 BAD_VALUES = [
     ("STAGING_PLUGIN_ORDER", "fastest", "STAGING_PLUGIN_ORDER='fastest'"),
@@ -182,13 +222,16 @@ BAD_VALUES = [
 ]
 
 
-def test_bad_values_stop_vllm_start_up_before_any_model_is_read() -> None:
-    """vLLM's own front-end path: EngineArgs loads the plugin, which rejects each bad value at once; a
-    valid value (the last case) lets start-up go on, so the check is not vacuous."""
-    cases = [[v, value] for v, value, _ in BAD_VALUES] + [["STAGING_PLUGIN_ORDER", "ascending"]]
-    result = run(FRONT_END, {"VLLM_PLUGINS": "vllm_staging_plugin", "CASES": json.dumps(cases)})
-    *bad, good = result["outcomes"]
-    for (_, _, named), outcome in zip(BAD_VALUES, bad, strict=True):
-        assert outcome["raised"] == "ConfigError", outcome
-        assert named in outcome["message"] and "allowed values" in outcome["message"]
-    assert good["raised"] is None
+@pytest.mark.parametrize(("variable", "value", "named"), BAD_VALUES)
+def test_a_bad_value_stops_vllm_start_up_before_any_model_is_read(
+    variable: str, value: str, named: str, child: Checks
+) -> None:
+    """vLLM's own front-end path: EngineArgs loads the plugin, which rejects the bad value at once."""
+    outcome: dict[str, Any] = child.value(f"front end {variable}={value}")
+    assert outcome["raised"] == "ConfigError", outcome
+    assert named in outcome["message"] and "allowed values" in outcome["message"]
+
+
+def test_a_valid_value_lets_vllm_start_up_go_on(child: Checks) -> None:
+    """The control of the test above: the same path with a valid value raises nothing and registers."""
+    assert child.value("front end STAGING_PLUGIN_ORDER=ascending") == {"raised": None, "registered": True}

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from configs import QWEN3_0_6B
+from configs import NO_WEIGHTS, QWEN3_0_6B
 
 pytest.importorskip("vllm.v1.worker.gpu.cudagraph_utils")
 
@@ -29,7 +29,6 @@ from vllm_staging_plugin._offline.preflight import workaround
 pytestmark = pytest.mark.contract
 FEATURES = cpu_replay.features()
 DATA = Path(__file__).parent / "data"
-NO_WEIGHTS = ["--load-format", "dummy", "--skip-tokenizer-init"]
 POWERS_TO_512 = [1, 2, 4, 8, 16, 32, 64, 128, 256, 512]
 K3_WIDTHS = [  # 8 speculative tokens (decode_query_len 9), 48 sequences, a power-of-two grid: (256) vs (261)
     "--speculative-config", '{"method": "ngram", "num_speculative_tokens": 8, "prompt_lookup_max": 2}',

@@ -8,7 +8,7 @@ Rules for this subpackage (tested in ``tests/test_engine_footprint.py``):
 * :mod:`.policies` (pluggy), :mod:`.agreement` and the receipt modules are imported only when the variable
   that asks for them is set.
 
-The modules by when they load: :mod:`.settings`, :mod:`.installer`, :mod:`.import_hook`, :mod:`.compat`
-at ``register()``; :mod:`.patch`, :mod:`.staging`, :mod:`.sizing` when vLLM imports ``cudagraph_utils``;
-:mod:`.runner_guard` when vLLM imports its V1 runner; the opt-in ones on first use.
+The modules by when they load: :mod:`.settings`, :mod:`.installer`, :mod:`.import_hook`, :mod:`.compat`,
+:mod:`.runner_guard`, :mod:`.wrapping` at ``register()``; :mod:`.patch`, :mod:`.staging`, :mod:`.sizing`
+when vLLM imports ``cudagraph_utils``; the opt-in ones on first use.
 """

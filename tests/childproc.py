@@ -1,0 +1,173 @@
+"""Fresh Python children that run several independent checks each, for the tests that need a new process.
+
+Importing vLLM costs a child 10-20 s of CPU, so a test file starts as few children as it can: one child
+script runs every check that needs a fresh process of that kind, one after the other, and reports them
+all at once as ``RESULT:<json>`` on stdout. A check that raises is recorded with its traceback and does
+not stop the checks after it; each test then asserts on its own check's result (:meth:`Checks.value`).
+
+Under pytest-xdist (``--dist worksteal``) another worker may steal some of a module's tests after the first
+worker ran its module-scoped fixture; :func:`once_per_run` has the workers share one child's results
+instead of starting a second child.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+HARNESS = '''
+import io as _io, json as _json, logging as _logging, traceback as _traceback
+
+_RESULTS = {}
+
+
+def check(name):
+    """Run the decorated function at once; record its JSON-able return value or its traceback, and what
+    vLLM's log handlers (which the plugin's logger reaches) printed meanwhile."""
+
+    def run(function):
+        log = _io.StringIO()
+        handlers = [h for h in _logging.getLogger("vllm").handlers if isinstance(h, _logging.StreamHandler)]
+        streams = [h.setStream(log) for h in handlers]
+        try:
+            _RESULTS[name] = {"value": function(), "error": None}
+        except BaseException:
+            _RESULTS[name] = {"value": None, "error": _traceback.format_exc()}
+        finally:
+            for handler, stream in zip(handlers, streams):
+                handler.setStream(stream)
+            _RESULTS[name]["log"] = log.getvalue()
+        return function
+
+    return run
+'''
+FOOTER = '\nprint("RESULT:" + _json.dumps(_RESULTS))\n'
+TAIL = 3000
+
+
+def clean_environment(extra: Mapping[str, str] | None = None, drop: Sequence[str] = ()) -> dict[str, str]:
+    """This process's environment without the plugin's variables and ``VLLM_PLUGINS`` (and ``drop``)."""
+    prefixes = ("STAGING_PLUGIN", "VLLM_PLUGINS", *drop)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(prefixes)}
+    return env | dict(extra or {})
+
+
+def start(body: str, env: Mapping[str, str], cwd: Path | None = None) -> subprocess.Popen[str]:
+    """Start ``python -c`` on the harness, ``body`` (which calls ``@check(name)``) and the report line."""
+    code = HARNESS + textwrap.dedent(body) + FOOTER
+    return subprocess.Popen(
+        [sys.executable, "-c", code],
+        env=dict(env),
+        cwd=cwd,
+        text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+
+
+class Checks:
+    """One child's reported checks."""
+
+    def __init__(self, results: dict[str, dict[str, Any]], output: str) -> None:
+        self.results = results
+        self.output = output
+
+    def to_json(self) -> dict[str, Any]:
+        return {"results": self.results, "output": self.output[-TAIL:]}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Checks:
+        return cls(data["results"], data["output"])
+
+    def value(self, name: str) -> Any:
+        """The check's return value; fails the calling test with the check's traceback if it raised."""
+        assert name in self.results, f"check {name!r} did not run:\n{self.output[-TAIL:]}"
+        result = self.results[name]
+        assert result["error"] is None, f"check {name!r} raised:\n{result['error']}\n{result['log'][-TAIL:]}"
+        return result["value"]
+
+    def log(self, name: str) -> str:
+        """What vLLM's log handlers printed during the check."""
+        self.value(name)
+        return str(self.results[name]["log"])
+
+
+def finish(proc: subprocess.Popen[str], timeout: float = 400) -> Checks:
+    """Wait for the child; it must exit 0 and report (a check's failure is reported, not an exit)."""
+    try:
+        stdout, stderr = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        stdout, stderr = proc.communicate()
+        raise AssertionError(
+            f"child timed out after {timeout} s:\n{stdout[-TAIL:]}\n{stderr[-TAIL:]}"
+        ) from None
+    lines = [line for line in stdout.splitlines() if line.startswith("RESULT:")]
+    assert proc.returncode == 0 and lines, stdout[-TAIL:] + stderr[-TAIL:]
+    return Checks(json.loads(lines[-1].removeprefix("RESULT:")), stdout + stderr)
+
+
+def once_per_run(directory: Path, name: str, compute: Callable[[], Any]) -> Any:
+    """``compute()`` (JSON-able) once per test run, shared by every xdist worker through ``directory``:
+    the run's temporary root (``tmp_path_factory.getbasetemp().parent`` under xdist)."""
+    import fcntl
+
+    directory.mkdir(parents=True, exist_ok=True)
+    saved = directory / f"{name}.json"
+    with open(directory / f"{name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # a second worker waits for the first one's child
+        if saved.exists():
+            return json.loads(saved.read_text())
+        value = compute()
+        saved.write_text(json.dumps(value))
+        return value
+
+
+def run_root(base: Path) -> Path:
+    """Where :func:`once_per_run` keeps results: shared by this run's xdist workers, else this process's."""
+    return base.parent / "shared-children" if os.environ.get("PYTEST_XDIST_WORKER") else base / "children"
+
+
+def run_checks(body: str, env: Mapping[str, str], timeout: float = 400) -> Checks:
+    return finish(start(body, env), timeout)
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def run_together(code: str, envs: Sequence[Mapping[str, str]], timeout: float = 400) -> list[dict[str, Any]]:
+    """One plain script per environment, all started at once (as vLLM starts its workers); each prints
+    ``RESULT:<json>``. Returns their results in the order of ``envs``."""
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", textwrap.dedent(code)],
+            env=dict(env),
+            text=True,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+        )
+        for env in envs
+    ]
+    results = []
+    for proc in procs:
+        try:
+            stdout, stderr = proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            for other in procs:
+                other.kill()
+            raise
+        lines = [x for x in stdout.splitlines() if x.startswith("RESULT:")]
+        assert proc.returncode == 0 and lines, stdout[-TAIL:] + stderr[-TAIL:]
+        results.append(json.loads(lines[-1].removeprefix("RESULT:")))
+    return results
