@@ -25,6 +25,9 @@ from collections.abc import Mapping, Sequence
 from datetime import timedelta
 from typing import Any
 
+import torch.distributed as dist
+from torch.distributed import distributed_c10d
+
 from .settings import ENV_ORDER, Settings
 from .sizing import capture_sequence, staging_capacity
 
@@ -156,8 +159,6 @@ class Agreement:
         self, settings: Settings, ordered: Mapping[Any, Sequence[Any]], vllm_config: Any
     ) -> int | None:
         """:func:`check` among the ranks coupled with this one; the count that agreed, None when alone."""
-        import torch.distributed as dist
-
         if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() < 2:
             return None
         parallel = vllm_config.parallel_config
@@ -170,7 +171,5 @@ class Agreement:
         )
         if len(ranks) < 2:
             return None
-        from torch.distributed.distributed_c10d import _get_default_store
-
         mine = plan(settings, ordered)
-        return check(mine, _get_default_store(), dist.get_rank(), ranks, self.wait_seconds)
+        return check(mine, distributed_c10d._get_default_store(), dist.get_rank(), ranks, self.wait_seconds)

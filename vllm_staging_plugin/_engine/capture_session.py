@@ -17,6 +17,7 @@ from typing import Any, TypeVar
 import torch
 
 from .. import __version__
+from .compat import installed_versions
 from .receipts import SCHEMA, Receipt, ReceiptStart, write_receipt
 from .settings import DEFAULT_ORDER
 from .sizing import capture_sequence, staging_capacity
@@ -78,8 +79,6 @@ def _environment(manager: Any, state: ManagerState, profiling: bool) -> ReceiptS
     except Exception:
         hidden_size = None
     architectures = getattr(model, "architectures", None) or [None]
-    from .compat import installed_versions
-
     versions = installed_versions()
     return {
         "schema": SCHEMA,

@@ -55,6 +55,20 @@ def _environment_kept() -> Iterator[None]:
 
 
 @contextlib.contextmanager
+def _installer_kept() -> Iterator[None]:
+    """vLLM's argument parsing loads the general plugins, this one included (``register()``): a process
+    that had not registered the plugin before the check has it unregistered again after."""
+    import vllm_staging_plugin
+
+    before = vllm_staging_plugin._installed
+    try:
+        yield
+    finally:
+        if before is None and vllm_staging_plugin._installed is not None:
+            vllm_staging_plugin.unregister()
+
+
+@contextlib.contextmanager
 def _logs_to_stderr() -> Iterator[None]:
     """Keep stdout for the report (one JSON object with --json): vLLM logs to stdout by default."""
     import logging
@@ -97,7 +111,7 @@ def run(
     versions = compat.installed_versions()
     if versions["vllm"] is None:
         raise CannotCheckHere("vLLM is not installed in this environment")
-    with _environment_kept(), platform_for_check(gpu) as (platform, emulated):
+    with _environment_kept(), _installer_kept(), platform_for_check(gpu) as (platform, emulated):
         phases.add("imports", time.perf_counter() - started)  # vLLM's modules, under this machine's platform
 
         def configure(words: Sequence[str]) -> Any:

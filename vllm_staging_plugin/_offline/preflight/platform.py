@@ -194,6 +194,7 @@ def platform_for_check(gpu: Gpu) -> Iterator[tuple[Any, bool]]:
     import vllm.config.vllm as config_module
 
     had_triton = config_module.HAS_TRITON
+    bound = "current_platform" in vars(vllm.platforms)  # else vLLM resolves it lazily (module __getattr__)
     vllm.platforms.current_platform = emulated
     config_module.HAS_TRITON = True
     try:
@@ -203,7 +204,10 @@ def platform_for_check(gpu: Gpu) -> Iterator[tuple[Any, bool]]:
         with _kernel_queries_answered():
             yield emulated, True
     finally:
-        vllm.platforms.current_platform = machine
+        if bound:
+            vllm.platforms.current_platform = machine
+        else:
+            del vllm.platforms.current_platform
         config_module.HAS_TRITON = had_triton
         for module in list(sys.modules.values()):  # also modules first imported during the check
             if _binds(module, emulated):
