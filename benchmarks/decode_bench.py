@@ -1,4 +1,4 @@
-"""Steady-state decode throughput, plugin vs vanilla, under vLLM's own capture order (issue 13.5).
+"""Steady-state decode throughput, plugin vs vanilla, under vLLM's own capture order.
 
 Design, chosen so that the ratio is trustworthy:
 - One engine per (shape, arm), each a long-lived ``driver`` process (``vllm.LLM``, vLLM's default multiprocess
@@ -35,8 +35,10 @@ import time
 from pathlib import Path
 from typing import Any
 
+# the same shapes, arms' environments and log analysis as the boot study (benchmarks/study/)
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import order_study as study  # the same shapes, arms and environments as the boot study
+from study import boot as study_boot
+from study import logs, models, scheduler
 
 
 @dataclasses.dataclass
@@ -57,9 +59,10 @@ class Driver:
     def start(self, out: Path, args: argparse.Namespace) -> None:
         self.folder.mkdir(parents=True, exist_ok=True)
         receipts = out / "receipts" / f"{self.shape}-{self.arm}"
-        env = study.arm_env(self.arm, "descending", receipts, dict(os.environ)) | study.MODELS[self.shape].env
+        env = study_boot.arm_env(self.arm, "descending", receipts, dict(os.environ))
+        env |= models.MODELS[self.shape].env
         env |= {"CUDA_VISIBLE_DEVICES": str(self.gpu), "VLLM_ALLOW_INSECURE_SERIALIZATION": "1"}
-        kwargs = study.engine_kwargs(out, self.shape, gpu_mem=args.gpu_mem)
+        kwargs = models.engine_kwargs(out, self.shape, gpu_mem=args.gpu_mem)
         cmd = [sys.executable, __file__, "driver", "--kwargs", json.dumps(kwargs), "--dir", str(self.folder)]
         with self.lock, open(self.folder / "engine.log", "w") as log:
             if self.stopped:  # the run is being stopped: start nothing that would outlive it
@@ -110,11 +113,8 @@ def driver(args: argparse.Namespace) -> int:
     started = time.perf_counter()
     llm = LLM(**json.loads(args.kwargs))
     ready: dict[str, Any] = {"boot_seconds": round(time.perf_counter() - started, 2)}
-    with contextlib.suppress(Exception):
-        import cloudpickle  # type: ignore[import-untyped]  # vLLM needs it; workers need no order_study
-
-        cloudpickle.register_pickle_by_value(study)
-        ready["workers"] = llm.collective_rpc(study._runner_of, timeout=60)
+    with contextlib.suppress(Exception):  # shipped by value: the workers need not import the study package
+        ready["workers"] = llm.collective_rpc(study_boot.runner_rpc(), timeout=60)
     _write(folder / "ready.json", ready)
     for line in sys.stdin:
         cmd = json.loads(line)
@@ -155,7 +155,7 @@ def run(args: argparse.Namespace) -> int:
     out = Path(args.out).resolve()
     shapes, arms = args.models.split(","), args.arms.split(",")
     batches = [int(b) for b in args.batches.split(",")]
-    n_gpus = args.gpus or study.gpu_count() or 1
+    n_gpus = args.gpus or scheduler.gpu_count() or 1
     waves = [shapes[i : i + n_gpus] for i in range(0, len(shapes), n_gpus)]
     plan = [f"wave {w}: " + ", ".join(f"{s} on GPU {g} ({'+'.join(arms)})" for g, s in enumerate(wave))
             for w, wave in enumerate(waves)]  # fmt: skip
@@ -163,12 +163,12 @@ def run(args: argparse.Namespace) -> int:
     print(f"per shape: batches {batches}, {args.warmup} warm-up + {args.reps} timed calls per arm, ABBA")
     if args.dry_run:
         for s in shapes:
-            print(s, json.dumps(study.engine_kwargs(out, s, gpu_mem=args.gpu_mem), sort_keys=True))
+            print(s, json.dumps(models.engine_kwargs(out, s, gpu_mem=args.gpu_mem), sort_keys=True))
         return 0
     began = time.monotonic()
     calls: list[dict[str, Any]] = []
     boots: list[dict[str, Any]] = []
-    signal.signal(signal.SIGTERM, study._stop)  # an outer `timeout` must not leave engines holding the GPUs
+    signal.signal(signal.SIGTERM, scheduler.stop)  # an outer `timeout` must not leave engines on the GPUs
     for wave in waves:
         drivers = {
             (s, a): Driver(s, a, g, out / "engines" / f"{s}-{a}") for g, s in enumerate(wave) for a in arms
@@ -209,7 +209,7 @@ def _boot_record(d: Driver, out: Path) -> dict[str, Any]:
         text = (d.folder / "engine.log").read_text(errors="replace")
     except OSError:
         text = ""
-    info = study.analyse_log(text, d.folder / "engine.trim.log")
+    info = logs.analyse_log(text, d.folder / "engine.trim.log")
     receipts = len(list((out / "receipts" / f"{d.shape}-{d.arm}").glob("receipt-*.json")))
     keep = ("runner_log", "plugin_log_lines", "vllm_capture_seconds", "staging_crash")
     boot = {"shape": d.shape, "arm": d.arm, "gpu": d.gpu, "ready": d.ready, "error": d.error}

@@ -1,11 +1,11 @@
-"""How long `vllm-staging-plugin check -- ...` takes, cold and warm, per phase (issue 18.3). A benchmark,
+"""How long `vllm-staging-plugin check -- ...` takes, cold and warm, per phase. A benchmark,
 not a test: run it on a quiet machine and record the table (docs/preflight.md, "How long it takes").
 
   python benchmarks/preflight_speed.py [--n 5] [--out FILE.json]
 
-Each run is the console script in a fresh process, as an operator runs it, on issue 10's Kimi-Linear
-configuration (a crash: the stock workaround's verification replays are part of it). *Cold*: an empty
-VLLM_CACHE_ROOT, so vLLM inspects the model class again in its subprocess (the first check of an
+Each run is the console script in a fresh process, as an operator runs it, on the small Kimi-Linear
+recover-SSM configuration (a crash: the stock workaround's verification replays are part of it). *Cold*:
+an empty VLLM_CACHE_ROOT, so vLLM inspects the model class again in its subprocess (the first check of an
 architecture on a machine). *Warm*: a cache filled by one unrecorded run first. Cold and warm runs
 alternate. Phases come from the check's own ``seconds`` (--json); ``startup`` is the rest of the wall
 time: the interpreter, the plugin's and argparse's imports, and process exit.
@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from order_study import KIMI_LINEAR_4L
+from study.models import KIMI_LINEAR_4L
 
 ARGS = [
     "--load-format", "dummy", "--skip-tokenizer-init", "--use-replayssm", "--max-num-seqs", "4",

@@ -9,7 +9,7 @@
 # start with:  source /tmp/site/env.sh  (see docs/results.md, "Reproduce")
 set -euo pipefail
 ver=${1:-0.33.0}
-ray=2.60.0  # the Ray executor stage (issue 11.3); the GPU image has no Ray
+ray=2.60.0  # the Ray executor stage; the GPU image has no Ray
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(git rev-parse --show-toplevel)
 cd "$root"

@@ -2,7 +2,7 @@
 # One GPU-machine call per stage, each planned to end within STAGE_BUDGET seconds (default 510 = 8.5 min,
 # under the 10-minute limit of one call). Run from the project root on the GPU machine after the payload
 # is staged (bash .gpu/pK/device-stage.sh for every part; the last prints READY):
-#   bash benchmarks/gpu/session.sh kda|kda-dense|k3-control|tp|pp-eagle3|parallel|decode|eagle3|ray
+#   bash benchmarks/gpu/session.sh kda|kda-dense|k3-control|kda-fault|tp|pp-eagle3|parallel|decode|eagle3|ray
 # It installs the plugin into /tmp/site (so vLLM finds its entry point the real way), runs the stage's
 # boots under a deadline (no boot starts unless 1.3x the median boot still fits) and an outer `timeout`,
 # packs records, receipts, trimmed logs (full logs too while small), versions and the summary into
@@ -10,33 +10,39 @@
 # stage again on the same warm machine runs only the boots still missing (--fill-to).
 # DRY_RUN=1 (any machine, with python3 having vLLM importable): installs nothing, prints the boots.
 #
-#   kda        Kimi-Linear 4-layer shape, n-gram 2 tokens, --use-replayssm, max_num_seqs 4, grid [1..16]
-#              (issue 10): vanilla x3 and plugin x3 through vllm.LLM, one `vllm serve` per arm answering a
+#   kda        Kimi-Linear 4-layer shape, n-gram 2 tokens, --use-replayssm, max_num_seqs 4, grid [1..16]:
+#              vanilla x3 and plugin x3 through vllm.LLM, one `vllm serve` per arm answering a
 #              completion; 2 boots at once, one per GPU.                               about 5-6 min
-#   kda-dense  issue 17.5: Kimi-Linear 4-layer shape without experts, issue 10's settings and the K3 widths
+#   kda-dense  Kimi-Linear 4-layer shape without experts, at those small settings and at the K3 widths
 #              (n-gram 8 tokens, max_num_seqs 48, grid 1..512 powers of two), vanilla x3 / plugin x3 each,
 #              and a control (vLLM's derived grid, stock-safe) vanilla x3; one `vllm serve` per arm; two
 #              boots at a time on one GPU.                                           2 calls of ~9 min
 #   k3-control the K3 widths with the pre-flight's verified stock workaround (grid + 261), vanilla x3 and
-#              one `vllm serve` (issue 17.5).                                        about 3 min
+#              one `vllm serve`.                                                     about 3 min
+#   kda-fault  the post-capture fault at the K3 widths (dense shape, vllm.LLM, 2 prompts x 8 tokens): the
+#              plugin with the power-of-two grid (plain, CUDA_LAUNCH_BLOCKING=1, a fresh TRITON_CACHE_DIR
+#              per boot, PDL off), no plugin with the workaround grid (plain, CUDA_LAUNCH_BLOCKING=1, PDL
+#              off) and no plugin with vLLM's derived grid; FILL_TO (default 3) boots each, three at a
+#              time on one GPU; the summary adds faults, JIT-at-inference and the iff check.
+#                                                                                      2-3 calls of ~9.5 min
 #   tp         Qwen3-0.6B tensor_parallel_size=2: stock/plugin under ascending, vanilla/plugin under
 #              descending (N=1), and `vllm serve --tensor-parallel-size 2` with the plugin under
-#              ascending (issue 11.1).                                                 about 5 min
+#              ascending.                                                              about 5 min
 #   pp-eagle3  Qwen3-0.6B pipeline_parallel_size=2, the same four cells; then EAGLE3 (one-layer draft)
-#              beside Qwen3-0.6B on one GPU each, two at once (issue 11.2).            about 6-7 min
+#              beside Qwen3-0.6B on one GPU each, two at once.                         about 6-7 min
 #   parallel   tp, then pp, then eagle3, as far as the budget goes; call again to finish.
-#   eagle3     EAGLE3 alone on one GPU: the same four cells, N=3, one boot at a time (issue 11.2).
+#   eagle3     EAGLE3 alone on one GPU: the same four cells, N=3, one boot at a time.
 #                                                                                      2 calls
-#   ray        Ray on every GPU here (issue 11.3): a Ray head started from a shell without any
+#   ray        Ray on every GPU here: a Ray head started from a shell without any
 #              STAGING_PLUGIN_* variable or VLLM_PLUGINS (the raylet's environment is recorded), then
 #              Qwen3-0.6B with distributed_executor_backend=ray (stock and plugin under ascending) and
 #              with the Ray data-parallel backend (plugin under ascending; its engine core is a Ray actor),
 #              TP = number of GPUs.
 #                                                                                  about 4-5 min
 #   decode     steady-state decode tokens/s, vanilla vs plugin under the default order, batch 1 and 64,
-#              Qwen3-0.6B on GPU 0 and Qwen3-8B on GPU 1, N=3 ABBA (issue 13.5).       about 5 min
+#              Qwen3-0.6B on GPU 0 and Qwen3-8B on GPU 1, N=3 ABBA.                    about 5 min
 set -uo pipefail
-stage=${1:?usage: bash benchmarks/gpu/session.sh kda|kda-dense|k3-control|tp|pp-eagle3|parallel|decode|eagle3|ray}
+stage=${1:?usage: bash benchmarks/gpu/session.sh kda|kda-dense|k3-control|kda-fault|tp|pp-eagle3|parallel|decode|eagle3|ray}
 here=$(cd "$(dirname "$0")" && pwd)
 cd "$here/../.."
 root=$(pwd)
@@ -67,6 +73,8 @@ asc_desc=stock@ascending,plugin@ascending,vanilla@descending,plugin@descending
 {
   nvidia-smi --query-gpu=index,name,driver_version,memory.total --format=csv,noheader
   $py -c 'import sys, torch, vllm, importlib.metadata as m; print("python", sys.version.split()[0], "torch", torch.__version__, "vllm", vllm.__version__, "plugin", m.version("vllm-staging-plugin"))'
+  $py -c 'import importlib.metadata as m, torch; print("triton", m.version("triton"), "cuda", torch.version.cuda)' 2>/dev/null \
+    || echo "triton -"
   nproc; date -u +%FT%TZ
 } > "$work/env.txt" 2>&1
 cat "$work/env.txt"
@@ -76,18 +84,25 @@ case $stage in
     study --models kimi-linear-4l --plan vanilla@descending,plugin@descending --fill-to 3 \
           --serve-plan vanilla@descending,plugin@descending --concurrent 2 --boot-timeout 420 ;;
   kda-dense)
-    # issue 17.5 on one GPU, two boots at a time on it: the dense 4-layer shape (no experts) at issue 10's
-    # settings and at the Kimi-K3 widths, vanilla vs plugin x3, after the control (vLLM's derived grid,
-    # which stock boots) vanilla x3; one `vllm serve` per arm answering a completion.
+    # On one GPU, two boots at a time on it: the dense 4-layer shape (no experts) at the small settings
+    # and at the Kimi-K3 widths, vanilla vs plugin x3, after the control (vLLM's derived grid, which stock
+    # boots) vanilla x3; one `vllm serve` per arm answering a completion.
     study --models kimi-linear-4l-dense-safe --plan vanilla@descending --fill-to 3 \
           --serve-plan vanilla@descending --concurrent 2 --per-gpu 2 --boot-timeout 420
     study --models kimi-linear-4l-dense,kimi-linear-4l-dense-k3 --plan vanilla@descending,plugin@descending \
           --fill-to 3 --serve-plan vanilla@descending,plugin@descending --concurrent 2 --per-gpu 2 --boot-timeout 420 ;;
   k3-control)
-    # issue 17.5, second call: the K3 widths with the pre-flight's stock workaround (grid + 261), plugin
-    # not loaded, x3 and one `vllm serve`: the control at the K3 widths (and the workaround on a GPU).
+    # The K3 widths with the pre-flight's stock workaround (grid + 261), plugin not loaded, x3 and one
+    # `vllm serve`: the control at the K3 widths (and the workaround on a GPU).
     study --models kimi-linear-4l-dense-k3-workaround --plan vanilla@descending --fill-to 3 \
           --serve-plan vanilla@descending --concurrent 2 --per-gpu 2 --boot-timeout 420 ;;
+  kda-fault)
+    # One plan over three models, so that the three boots at a time always have work (a model named in a
+    # plan item boots only that item). Variants change the environment alone (benchmarks/study/plan.py).
+    k3=kimi-linear-4l-dense-k3; wa=$k3-workaround; dv=$k3-derived
+    p=$k3=plugin@descending; v=$wa=vanilla@descending
+    study --models "$k3,$wa,$dv" --fill-to "${FILL_TO:-3}" --concurrent 3 --per-gpu 3 --boot-timeout 420 \
+          --plan "$p,$p+launch-blocking,$p+fresh-triton-cache,$p+pdl-off,$v,$v+launch-blocking,$v+pdl-off,$dv=vanilla@descending" ;;
   tp)
     study --models qwen3-0.6b --tp 2 --plan "$asc_desc" --fill-to 1 --serve-plan plugin@ascending ;;
   pp-eagle3)
@@ -130,7 +145,8 @@ if [[ $stage == decode ]]; then
   $py "$root/benchmarks/decode_bench.py" summarize . > summary.md 2>&1
   keep=(decode.json receipts); logs=engines; trimmed=(engines/*/engine.trim.log)
 else
-  $py "$root/benchmarks/order_study.py" summarize . > summary.md 2>&1
+  faults=(); [[ $stage == kda-fault ]] && faults=(--faults)
+  $py "$root/benchmarks/order_study.py" summarize . "${faults[@]}" > summary.md 2>&1
   keep=(boots receipts); logs=logs; trimmed=(logs/*.trim.log)
 fi
 # full engine logs while they are small (they compress about 10x; one returned file may hold 16 MiB)

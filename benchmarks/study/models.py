@@ -1,0 +1,183 @@
+"""Model shapes for dummy-weight boots: each a ``config.json`` written to disk, plus the engine arguments
+and variables it boots with. No model hub is reachable on the GPU machine, so configs travel as code."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+from typing import Any
+
+QWEN3_COMMON: dict[str, Any] = {
+    "architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "attention_bias": False,
+    "attention_dropout": 0.0, "bos_token_id": 151643, "eos_token_id": 151645, "head_dim": 128,
+    "hidden_act": "silu", "initializer_range": 0.02, "max_position_embeddings": 40960,
+    "num_key_value_heads": 8, "rms_norm_eps": 1e-06, "rope_scaling": None, "rope_theta": 1000000,
+    "sliding_window": None, "use_cache": True, "use_sliding_window": False, "vocab_size": 151936,
+    "torch_dtype": "bfloat16",
+}  # fmt: skip
+QWEN3_06B = QWEN3_COMMON | {
+    "hidden_size": 1024, "intermediate_size": 3072, "num_hidden_layers": 28, "num_attention_heads": 16,
+    "max_window_layers": 28, "tie_word_embeddings": True,
+}  # fmt: skip
+QWEN3_8B = QWEN3_COMMON | {
+    "hidden_size": 4096, "intermediate_size": 12288, "num_hidden_layers": 36, "num_attention_heads": 32,
+    "max_window_layers": 36, "tie_word_embeddings": False,
+}  # fmt: skip
+# Kimi-Linear-48B-A3B's config.json, cut to 4 layers (KDA 1-3, MLA 4; 1-based as vLLM's is_kda_layer reads
+# them), hidden 2048 and 16 experts (top-2, as vLLM's grouped-topk kernel tests use). KDA heads stay 32 x 128
+# and MLA keeps kv_lora_rank 512 / rope 64, the shapes its fused kernels (_flashkda_C, FlashMLA) support.
+KIMI_LINEAR_4L: dict[str, Any] = {
+    "architectures": ["KimiLinearForCausalLM"], "model_type": "kimi_linear", "torch_dtype": "bfloat16",
+    "vocab_size": 163840, "bos_token_id": 163584, "eos_token_id": 163586, "pad_token_id": 163839,
+    "hidden_size": 2048, "intermediate_size": 4096, "num_hidden_layers": 4, "num_attention_heads": 32,
+    "num_key_value_heads": 32, "hidden_act": "silu", "rms_norm_eps": 1e-05, "initializer_range": 0.02,
+    "max_position_embeddings": 8192, "rope_theta": 10000.0, "rope_scaling": None,
+    "tie_word_embeddings": False, "use_cache": True, "q_lora_rank": None, "kv_lora_rank": 512,
+    "qk_nope_head_dim": 128,
+    "qk_rope_head_dim": 64, "v_head_dim": 128, "mla_use_nope": True, "num_nextn_predict_layers": 0,
+    "num_experts": 16, "num_experts_per_token": 2, "num_shared_experts": 1, "moe_intermediate_size": 1024,
+    "moe_renormalize": True, "moe_router_activation_func": "sigmoid", "routed_scaling_factor": 2.446,
+    "first_k_dense_replace": 1, "moe_layer_freq": 1, "use_grouped_topk": True, "num_expert_group": 1,
+    "topk_group": 1,
+    "linear_attn_config": {"kda_layers": [1, 2, 3], "full_attn_layers": [4], "head_dim": 128, "num_heads": 32,
+                           "short_conv_kernel_size": 4},
+}  # fmt: skip
+# One-layer EAGLE3 draft for the Qwen3-0.6B target: hidden and target_hidden_size match the target, the
+# draft vocabulary is the target's (no draft-to-target id map).
+EAGLE3_DRAFT_06B: dict[str, Any] = {
+    "architectures": ["LlamaForCausalLMEagle3"], "model_type": "llama", "torch_dtype": "bfloat16",
+    "hidden_size": 1024, "target_hidden_size": 1024, "intermediate_size": 3072, "num_hidden_layers": 1,
+    "num_attention_heads": 16, "num_key_value_heads": 8, "head_dim": 64, "hidden_act": "silu",
+    "rms_norm_eps": 1e-06, "max_position_embeddings": 40960, "rope_theta": 1000000, "vocab_size": 151936,
+    "draft_vocab_size": 151936, "bos_token_id": 151643, "eos_token_id": 151645, "tie_word_embeddings": False,
+}  # fmt: skip
+KIMI_LINEAR_DENSE = KIMI_LINEAR_4L | {"num_experts": None}
+# Small recover-SSM settings: n-gram 2 tokens, --use-replayssm, max_num_seqs 4, a grid to 16.
+KIMI_SMALL: dict[str, Any] = {
+    "speculative_config": {"method": "ngram", "num_speculative_tokens": 2, "prompt_lookup_max": 2,
+                           "prompt_lookup_min": 1},
+    "use_replayssm": True,
+    "max_num_seqs": 4,
+    "compilation_config": {"cudagraph_capture_sizes": [1, 2, 4, 8, 16]},
+}  # fmt: skip
+POWERS_TO_256 = [1, 2, 4, 8, 16, 32, 64, 128, 256]
+KIMI_K3_WIDTHS: dict[str, Any] = {
+    "speculative_config": {"method": "ngram", "num_speculative_tokens": 8, "prompt_lookup_max": 2,
+                           "prompt_lookup_min": 1},
+    "use_replayssm": True,
+    "max_num_seqs": 48,
+    "compilation_config": {"cudagraph_capture_sizes": [*POWERS_TO_256, 512]},
+}  # fmt: skip
+KIMI_ENV = {"VLLM_KIMI_K3_GEMM_AR": "0", "VLLM_ENABLE_GEMM_RS": "0"}
+DRAFT = "@DRAFT@"  # replaced by the draft's folder
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelSpec:
+    """A config-only model folder plus the engine arguments and variables it is booted with; ``label``
+    names its grid in the fault table."""
+
+    config: dict[str, Any]
+    engine: dict[str, Any]
+    env: dict[str, str] = dataclasses.field(default_factory=dict)
+    draft: dict[str, Any] | None = None
+    label: str = ""
+
+
+def _without_grid(engine: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in engine.items() if k != "compilation_config"}
+
+
+MODELS: dict[str, ModelSpec] = {
+    "qwen3-0.6b": ModelSpec(QWEN3_06B, {"attention_backend": "TRITON_ATTN"}),
+    "qwen3-8b": ModelSpec(QWEN3_8B, {"attention_backend": "TRITON_ATTN"}),
+    # vLLM turns on KDA recover-SSM (spec decode + --use-replayssm) and caps PIECEWISE at
+    # max_num_seqs x (1 + 2) = 12 -> PIECEWISE 8, 4, 2, 1 then FULL 9, 6, 3. No attention_backend: its MLA
+    # layer needs an MLA backend, which vLLM picks. No nvidia-cutlass-dsl on the GPU image: GEMM_AR/RS off.
+    "kimi-linear-4l": ModelSpec(KIMI_LINEAR_4L, KIMI_SMALL, env=KIMI_ENV),
+    # The same shape without experts (num_experts null: a dense MLP, no fused-MoE kernel) and the same
+    # recover-SSM plan as kimi-linear-4l.
+    "kimi-linear-4l-dense": ModelSpec(KIMI_LINEAR_DENSE, KIMI_SMALL, env=KIMI_ENV),
+    # The Kimi-K3 deployment widths: n-gram 8 tokens (decode_query_len 9), max_num_seqs 48, a power-of-two
+    # grid to 512 -> PIECEWISE 256 ... 1 (capped at 48 x 9 = 432), then FULL 261, 135, 72, 36, 18, 9.
+    "kimi-linear-4l-dense-k3": ModelSpec(
+        KIMI_LINEAR_DENSE, KIMI_K3_WIDTHS, env=KIMI_ENV, label="powers of two to 512"
+    ),
+    # The K3 widths with the pre-flight's verified workaround (`check` adds 261 to the grid: PIECEWISE 261
+    # is captured first): stock boots it, so vanilla here is the control at the K3 widths.
+    "kimi-linear-4l-dense-k3-workaround": ModelSpec(
+        KIMI_LINEAR_DENSE,
+        KIMI_K3_WIDTHS | {"compilation_config": {"cudagraph_capture_sizes": [*POWERS_TO_256, 261, 512]}},
+        env=KIMI_ENV,
+        label="workaround grid (+261)",
+    ),
+    # The K3 widths with no grid given (no -cc): vLLM derives its own capture sizes; the second control
+    # at the K3 widths without the plugin.
+    "kimi-linear-4l-dense-k3-derived": ModelSpec(
+        KIMI_LINEAR_DENSE, _without_grid(KIMI_K3_WIDTHS), env=KIMI_ENV, label="vLLM's derived grid (no -cc)"
+    ),
+    # The control at the small settings: vLLM's own derived grid, which stock boots (the pre-flight says
+    # so on CPU): what fails after capture without the plugin at all.
+    "kimi-linear-4l-dense-safe": ModelSpec(KIMI_LINEAR_DENSE, _without_grid(KIMI_SMALL), env=KIMI_ENV),
+    # aux_hidden_states; FULL descriptors are multiples of 3, PIECEWISE go up to 512.
+    "qwen3-0.6b-eagle3": ModelSpec(
+        QWEN3_06B,
+        {
+            "attention_backend": "TRITON_ATTN",
+            "speculative_config": {"method": "eagle3", "model": DRAFT, "num_speculative_tokens": 2},
+        },
+        draft=EAGLE3_DRAFT_06B,
+    ),
+}
+
+# ``--executor``: how vLLM runs the workers. ``ray``: RayExecutorV2 worker actors; ``ray-dp``: vLLM's Ray
+# data-parallel backend, whose engine core is itself a Ray actor (env from vLLM's get_env_vars_to_copy);
+# at TP x PP = 1 it runs the worker in-process, above that through Ray worker actors. Both join the cluster
+# RAY_ADDRESS names.
+EXECUTORS: dict[str, dict[str, str]] = {
+    "mp": {},
+    "ray": {"distributed_executor_backend": "ray"},
+    "ray-dp": {"data_parallel_backend": "ray"},
+}
+
+
+def model_dir(root: Path, name: str) -> Path:
+    """Write the config-only folder (and the draft's) under ``root/models``; returns the model's folder."""
+    spec = MODELS[name]
+    path = root / "models" / name
+    path.mkdir(parents=True, exist_ok=True)
+    (path / "config.json").write_text(json.dumps(spec.config, indent=1))
+    if spec.draft is not None:
+        draft = root / "models" / f"{name}-draft"
+        draft.mkdir(parents=True, exist_ok=True)
+        (draft / "config.json").write_text(json.dumps(spec.draft, indent=1))
+    return path
+
+
+def engine_kwargs(
+    root: Path, name: str, tp: int = 1, pp: int = 1, gpu_mem: float = 0.3, executor: str = "mp"
+) -> dict[str, Any]:
+    """The keyword arguments of ``vllm.LLM`` / ``EngineArgs`` for one boot (the same for ``vllm serve``)."""
+    draft = str((root / "models" / f"{name}-draft").resolve())
+    extra = json.loads(json.dumps(MODELS[name].engine).replace(json.dumps(DRAFT), json.dumps(draft)))
+    extra |= EXECUTORS[executor]
+    return {
+        "model": str(model_dir(root, name).resolve()), "load_format": "dummy", "skip_tokenizer_init": True,
+        "seed": 0, "max_model_len": 1024, "gpu_memory_utilization": gpu_mem, "tensor_parallel_size": tp,
+        "pipeline_parallel_size": pp, **extra,
+    }  # fmt: skip
+
+
+def serve_argv(kwargs: dict[str, Any]) -> list[str]:
+    """``vllm serve`` arguments for ``kwargs``: the model positional, ``--flag`` for True, JSON for dicts."""
+    argv = [str(kwargs["model"])]
+    for key, value in kwargs.items():
+        flag = "--" + key.replace("_", "-")
+        if key == "model" or value is False or value is None:
+            continue
+        if value is True:
+            argv.append(flag)
+        else:
+            argv += [flag, json.dumps(value) if isinstance(value, (dict, list)) else str(value)]
+    return argv

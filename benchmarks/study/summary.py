@@ -1,0 +1,123 @@
+"""Tables from the boot records: one row per cell (booted/N, staging crashes, capture figures), the token
+check, and with ``--faults`` (automatic when any record carries a variant) what happened after capture:
+faults, JIT-at-inference warnings, and whether one occurs if and only if the other does."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+from pathlib import Path
+from typing import Any
+
+from study.boot import MAX_TOKENS, PROMPTS
+from study.models import MODELS
+from study.plan import STOPPED, VARIANTS
+
+
+def summarize(args: argparse.Namespace) -> int:
+    """Print the tables for every record under ``args.directory`` (any depth of ``boots/``)."""
+    records = [json.loads(p.read_text()) for p in sorted(Path(args.directory).glob("**/boots/*.json"))]
+    boots = [b for b in records if not str(b.get("error", "")).startswith(STOPPED)]
+    if len(boots) < len(records):
+        print(f"({len(records) - len(boots)} boots stopped by the study's deadline or timeout are left out)")
+    cells: dict[tuple[Any, ...], list[dict[str, Any]]] = {}
+    for b in boots:
+        key = (b["model"], b.get("tp", 1), b.get("pp", 1), b.get("executor", "mp"), b.get("mode", "llm"),
+               b["order"], b["arm"])  # fmt: skip
+        if b.get("variant"):
+            key += (b["variant"],)
+        cells.setdefault(key, []).append(b)
+    header = ("model", "tp", "pp", "executor", "mode", "order", "arm", "booted/N", "staging crash", "runner",
+              "receipts", "boot s (median)", "vLLM capture s", "vLLM took GiB", "first error")  # fmt: skip
+    print("| " + " | ".join(header) + " |")
+    print("|" + "---|" * len(header))
+    for key, items in sorted(cells.items(), key=lambda kv: tuple(map(str, kv[0]))):
+        ok = sum(b["ok"] for b in items)
+        crash = sum(b.get("staging_crash", False) for b in items)
+        runners = ", ".join(sorted({str(b.get("runner", b.get("runner_log", "-"))) for b in items}))
+        receipts = ", ".join(str(b.get("receipts", "-")) for b in items)
+        medians = " | ".join(
+            _median(items, k) for k in ("boot_seconds", "vllm_capture_seconds", "vllm_took_gib")
+        )
+        error = next((b["error"][:90] for b in items if b.get("error")), "")
+        arm = key[6] + (f"+{key[7]}" if len(key) > 7 else "")
+        print(f"| {' | '.join(map(str, key[:6]))} | {arm} | {ok}/{len(items)} | {crash} | {runners} | "
+              f"{receipts} | {medians} | {error} |")  # fmt: skip
+    print()
+    for model in sorted({b["model"] for b in boots}):
+        mine = [
+            b
+            for b in boots
+            if b["model"] == model and b["ok"] and b.get("tokens") and b.get("mode", "llm") == "llm"
+        ]
+        same = all(b["tokens"] == mine[0]["tokens"] for b in mine) if mine else None
+        arms = sorted({b["arm"] for b in mine})
+        print(f"{model}: {len(mine)} successful LLM boots ({', '.join(arms)}; every tp/pp and order) "
+              f"produced identical tokens: {same}")  # fmt: skip
+    if getattr(args, "faults", False) or any(b.get("variant") for b in boots):
+        print()
+        faults(boots)
+    return 0
+
+
+def _median(items: list[dict[str, Any]], key: str) -> str:
+    values = [b[key] for b in items if b.get(key) is not None]
+    return f"{statistics.median(values):g}" if values else "-"
+
+
+def generated(b: dict[str, Any]) -> bool:
+    """Both prompts came back with all their tokens (a ``vllm.LLM`` boot)."""
+    tokens = b.get("tokens") or []
+    return bool(b.get("ok")) and len(tokens) == len(PROMPTS) and all(len(t) == MAX_TOKENS for t in tokens)
+
+
+def captured(b: dict[str, Any]) -> bool:
+    return b.get("vllm_capture_seconds") is not None
+
+
+def arm_label(b: dict[str, Any]) -> str:
+    who = {"plugin": "plugin", "vanilla": "no plugin"}.get(b["arm"], b["arm"])
+    spec = MODELS.get(b["model"])
+    return f"{who}, {spec.label if spec and spec.label else b['model']}"
+
+
+def faults(boots: list[dict[str, Any]]) -> None:
+    """After capture, per arm and variant (``vllm.LLM`` boots): captured, generated, faulted,
+    JIT-at-inference, where the faults were raised; then the iff check and one line per boot."""
+    llm = [b for b in boots if b.get("mode", "llm") == "llm"]
+    rows: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    for b in llm:
+        rows.setdefault((arm_label(b), b.get("variant", "")), []).append(b)
+    header = ("arm", "variation", "captured/N", "both prompts generated/N", "faulted/N", "JIT-at-inference/N",
+              "JIT kernels", "fault raised in (deepest vLLM frame)", "JIT to fault s")  # fmt: skip
+    print("| " + " | ".join(header) + " |")
+    print("|" + "---|" * len(header))
+    for (arm, variant), items in rows.items():
+        n = len(items)
+        kernels = sorted({k for b in items for k in b.get("jit_kernels", [])})
+        where = sorted({str(b.get("fault_where")) for b in items if b.get("faulted")})
+        gaps = [str(b["jit_to_fault_seconds"]) for b in items if "jit_to_fault_seconds" in b]
+        print(f"| {arm} | {VARIANTS.get(variant, variant)} | {sum(map(captured, items))}/{n} | "
+              f"{sum(map(generated, items))}/{n} | {sum(bool(b.get('faulted')) for b in items)}/{n} | "
+              f"{sum(bool(b.get('jit_at_inference')) for b in items)}/{n} | {', '.join(kernels) or '-'} | "
+              f"{'; '.join(where) or '-'} | {', '.join(gaps) or '-'} |")  # fmt: skip
+    print()
+    for name, group in (("all", llm), ("plugin", [b for b in llm if b["arm"] == "plugin"]),
+                        ("no plugin", [b for b in llm if b["arm"] == "vanilla"])):  # fmt: skip
+        faulted = [b for b in group if b.get("faulted")]
+        jit = [b for b in group if b.get("jit_at_inference")]
+        clean = sum(generated(b) and not b.get("faulted") for b in group)
+        print(f"iff ({name}, {len(group)} boots): faulted boots with JIT-at-inference before the fault "
+              f"{sum(bool(b.get('jit_before_fault')) for b in faulted)}/{len(faulted)}; JIT-at-inference "
+              f"boots that faulted {sum(bool(b.get('faulted')) for b in jit)}/{len(jit)}; generated without "
+              f"a fault {clean}/{len(group)}")  # fmt: skip
+    print()
+    print("| boot | captured | generated | fault | raised in | JIT kernels (before fault) | JIT to fault s |")
+    print("|---|---|---|---|---|---|---|")
+    for b in sorted(llm, key=lambda b: b["boot_id"]):
+        fault = (b.get("fault_text") or "-")[:90]
+        before = ", ".join(b.get("jit_before_fault", b.get("jit_kernels", []))) or "-"
+        raised = b.get("fault_raised_in") or "-"
+        print(f"| {b['boot_id']} | {captured(b)} | {generated(b)} | {fault} | {raised} | {before} | "
+              f"{b.get('jit_to_fault_seconds', '-')} |")  # fmt: skip
