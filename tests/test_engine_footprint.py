@@ -6,7 +6,7 @@ set. Recorded there: which of the plugin's modules (and pluggy) are loaded, whic
 ``sys.meta_path``, every store call and every plugin frame during the capture, and the plugin frames of a
 graph replay and of an unrelated import afterwards. A second start-up under ``ascending`` is the control
 arm: it shows that the same instruments do see the plugin when it has something to do. Under that order
-the same two ranks then capture two parallel layouts (the two-GPU runs of issue 6 could not be made):
+the same two ranks then capture two parallel layouts (CPU stand-ins for the two-GPU layouts):
 tensor-parallel ranks, and the two stages of a pipeline.
 """
 
