@@ -6,15 +6,15 @@ the doc's operator tables are the summary's, and the Kimi-K3 row replays as reco
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from vllm_staging_plugin._offline.atlas import condition, ranges, space
+from vllm_staging_plugin._offline.atlas import tables as atlas_tables
+
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "tools"))
-import stock_atlas  # noqa: E402
 
 SUMMARY = json.loads((ROOT / "docs" / "data" / "atlas" / "widths.json").read_text())
 ROW: dict[str, Any] = SUMMARY["releases"][0]
@@ -27,15 +27,15 @@ def operator_grid(name: str) -> tuple[int, ...] | None:
         top = int(name[4:])
         grid = (1, 2, 4, *range(8, 256, 8), *range(256, top + 1, 16))
         return tuple(s for s in grid if s <= top)
-    return stock_atlas.GRIDS.get(name)
+    return space.GRIDS.get(name)
 
 
 def dense_crash(sizes: tuple[int, ...], ms: int, n: int) -> bool:
     setting = {
         "kda": True, "mode": "FULL_AND_PIECEWISE", "varlen": False, "sizes": sizes, "max_num_seqs": ms,
-        "decode_query_len": n + 1, "schedule": stock_atlas.tapered(ms, n),
+        "decode_query_len": n + 1, "schedule": space.tapered(ms, n),
     }  # fmt: skip
-    return stock_atlas.predicted_crash(setting)
+    return condition.predicted_crash(setting)
 
 
 def test_the_recorded_run_is_clean() -> None:
@@ -44,7 +44,7 @@ def test_the_recorded_run_is_clean() -> None:
     for key in ("predicate_mismatches", "descriptor_rule_mismatches", "message_mismatches"):
         assert ROW[key] == 0, key
     assert ROW["sweep"]["mismatches"] == 0
-    assert set(ROW["families"]) == {stock_atlas.FAMILY}
+    assert set(ROW["families"]) == {condition.FAMILY}
 
 
 def test_the_sweep_is_the_condition_on_every_operator_grid() -> None:
@@ -57,21 +57,21 @@ def test_the_sweep_is_the_condition_on_every_operator_grid() -> None:
             continue
         cells = ROW["sweep"]["cells"][grid]
         for n in SEARCH["num_speculative_tokens"]:
-            fixed = [ms for ms in range(1, 513) if stock_atlas.fixed_width_rule(sizes, ms, n + 1)]
-            assert stock_atlas.from_ranges(cells["fixed"][str(n)]) == fixed
+            fixed = [ms for ms in range(1, 513) if condition.fixed_width_rule(sizes, ms, n + 1)]
+            assert ranges.from_ranges(cells["fixed"][str(n)]) == fixed
             checked += 1
             if n < 2:
                 assert str(n) not in cells.get("dense", {})
                 continue
             dense = [ms for ms in range(2, 513) if dense_crash(sizes, ms, n)]
-            assert stock_atlas.from_ranges(cells["dense"][str(n)]) == dense
+            assert ranges.from_ranges(cells["dense"][str(n)]) == dense
             checked += 1
     assert checked == 10 * 10 + 10 * 9  # ten operator grids, widths 1-10 fixed and 2-10 dense
 
 
 def test_the_doc_carries_the_recorded_tables() -> None:
     doc = (ROOT / "docs" / "stock-crashes.md").read_text()
-    tables = stock_atlas.operator_tables(ROW, SEARCH).split("\n\n")
+    tables = atlas_tables.operator_tables(ROW, SEARCH).split("\n\n")
     assert len(tables) == 5
     for table in tables[:3]:  # the sweep (fixed, dense) and the spotlight width's exact lists
         assert table in doc
@@ -79,15 +79,15 @@ def test_the_doc_carries_the_recorded_tables() -> None:
 
 def test_crash_ranges_names_runs_of_searched_values() -> None:
     searched = [1, 2, 4, 6, 8, 16, 32, 48, 64]
-    assert stock_atlas.crash_ranges([], searched) == "-"
-    assert stock_atlas.crash_ranges(searched, searched) == "all"
-    assert stock_atlas.crash_ranges([1, 2, 4, 6], searched) == "<=6"
-    assert stock_atlas.crash_ranges([1, 2, 6], searched) == "<=2, 6"
-    assert stock_atlas.crash_ranges([32, 48, 64], searched) == ">=32"
-    assert stock_atlas.crash_ranges([4, 6, 8], searched) == "4-8"  # consecutive searched values, not 5 or 7
-    assert stock_atlas.as_ranges([1, 2, 3, 5, 9, 10]) == "1-3,5,9-10"
-    assert stock_atlas.from_ranges("1-3,5,9-10") == [1, 2, 3, 5, 9, 10]
-    assert stock_atlas.sweep_cell("1-56") == "1-56" and stock_atlas.sweep_cell("1-7,9-15") == "14 in 1-15"
+    assert atlas_tables.crash_ranges([], searched) == "-"
+    assert atlas_tables.crash_ranges(searched, searched) == "all"
+    assert atlas_tables.crash_ranges([1, 2, 4, 6], searched) == "<=6"
+    assert atlas_tables.crash_ranges([1, 2, 6], searched) == "<=2, 6"
+    assert atlas_tables.crash_ranges([32, 48, 64], searched) == ">=32"
+    assert atlas_tables.crash_ranges([4, 6, 8], searched) == "4-8"  # consecutive searched values, not 5 or 7
+    assert ranges.as_ranges([1, 2, 3, 5, 9, 10]) == "1-3,5,9-10"
+    assert ranges.from_ranges("1-3,5,9-10") == [1, 2, 3, 5, 9, 10]
+    assert atlas_tables.sweep_cell("1-56") == "1-56" and atlas_tables.sweep_cell("1-7,9-15") == "14 in 1-15"
 
 
 @pytest.mark.contract
@@ -97,14 +97,14 @@ def test_the_kimi_k3_row_replays_as_recorded() -> None:
     pytest.importorskip("vllm.v1.worker.gpu.cudagraph_utils")
     from vllm_staging_plugin._offline import cpu_replay
 
-    recorded = ROW["spotlight"]["grids"][stock_atlas.SPOTLIGHT["grid"]]
+    recorded = ROW["spotlight"]["grids"][space.SPOTLIGHT["grid"]]
     assert recorded["sequence"] == {
         "PIECEWISE": [256, 128, 64, 32, 16, 8, 4, 2, 1],
         "FULL": [261, 135, 72, 36, 18, 9],
     }
     cfg = cpu_replay.ReplayConfig(
-        mode="FULL_AND_PIECEWISE", sizes=stock_atlas.GRIDS[stock_atlas.SPOTLIGHT["grid"]], max_num_seqs=48,
-        decode_query_len=9, hidden_size=stock_atlas.HIDDEN, use_kda_recoverssm=True,
+        mode="FULL_AND_PIECEWISE", sizes=space.GRIDS[space.SPOTLIGHT["grid"]], max_num_seqs=48,
+        decode_query_len=9, hidden_size=space.HIDDEN, use_kda_recoverssm=True,
     )  # fmt: skip
     stock, patched = cpu_replay.replay(cfg, patched=False), cpu_replay.replay(cfg, patched=True)
     assert not stock.ok and stock.sequence == recorded["sequence"]

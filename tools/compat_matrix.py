@@ -18,46 +18,19 @@ from __future__ import annotations
 import argparse
 import json
 import re
+import shutil
 import subprocess
 import sys
 import time
 import zipfile
 from pathlib import Path
 
+from vllm_staging_plugin._offline.atlas.releases import RELEASES, span
+
 ROOT = Path(__file__).resolve().parents[1]
 CACHE = ROOT / ".cache" / "compat"
-ALL = [
-    "0.14.0",
-    "0.14.1",
-    "0.15.0",
-    "0.15.1",
-    "0.16.0",
-    "0.17.0",
-    "0.17.1",
-    "0.18.0",
-    "0.18.1",
-    "0.19.0",
-    "0.19.1",
-    "0.20.0",
-    "0.20.1",
-    "0.20.2",
-    "0.21.0",
-    "0.22.0",
-    "0.22.1",
-    "0.23.0",
-    "0.24.0",
-    "0.25.0",
-    "0.25.1",
-    "0.26.0",
-    "0.27.0",
-    "0.27.1",
-    "0.28.0",
-    "0.29.0",
-    "0.30.0",
-    "0.31.0",
-    "0.32.0",
-    "0.33.0",
-]
+ALL = list(RELEASES)
+PACKAGES = ROOT / "tools" / "compat-packages.txt"
 SUPPORTED_TESTS = [
     "tests/test_contract_vllm.py",
     "tests/test_contract_guarantees.py",
@@ -82,14 +55,11 @@ except Exception as exc:
     out["verdict"], out["why"] = "error", f"{type(exc).__name__}: {exc}"
 print("PROBE:" + json.dumps(out))
 """
-MISSING = re.compile(r"No module named '([\w]+)|requires \"([\w-]+)\" to be installed")
-PACKAGE_OF = {
-    "rpds": "rpds-py",
-    "yaml": "pyyaml",
-    "google": "protobuf",
-    "cv2": "opencv-python-headless",
-    "PIL": "pillow",
-}
+MISSING = re.compile(r"No module named '([\w.]+)'|requires \"([\w.-]+)\" to be installed")
+PIN = re.compile(
+    r"(?P<releases>\S+)\s+(?P<name>[A-Za-z0-9][A-Za-z0-9._-]*)==(?P<version>[A-Za-z0-9.+!_-]+)"
+    r"\s+--hash=sha256:(?P<sha256>[0-9a-f]{64})"
+)
 SUMMARY = re.compile(r"(\d+) (passed|failed|skipped|error|errors)")
 
 
@@ -114,44 +84,77 @@ def overlay(version: str) -> tuple[Path, str]:
     return target, torch.group(1).replace(" ", "") if torch else "?"
 
 
+def pins(version: str, path: Path | None = None) -> list[str]:
+    """The pinned packages of tools/compat-packages.txt for ``version``, as hash-checked requirement lines."""
+    path = path or PACKAGES
+    out = []
+    for number, raw in enumerate(path.read_text().splitlines(), 1):
+        line = raw.split("#", 1)[0].strip()
+        if not line:
+            continue
+        pin = PIN.fullmatch(line)
+        if pin is None:
+            raise ValueError(f"{path}:{number}: not 'RELEASES name==version --hash=sha256:HEX': {raw!r}")
+        if version in span(pin["releases"]):
+            out.append(f"{pin['name']}=={pin['version']} --hash=sha256:{pin['sha256']}")
+    return out
+
+
+def install_pins(version: str, deps: Path) -> list[str]:
+    """Install exactly the release's pins into ``deps`` (no dependencies, hashes checked); return the
+    installed distributions' names. A folder holding anything else is emptied first."""
+    wanted = pins(version)
+    record = deps / "pins.txt"
+    if wanted and not (record.is_file() and record.read_text().splitlines() == wanted):
+        if deps.is_dir():
+            shutil.rmtree(deps)
+        deps.mkdir(parents=True)
+        requirements = deps.parent / f"pins-{version}.txt"
+        requirements.write_text("\n".join(wanted) + "\n")
+        subprocess.run(
+            [sys.executable, "-m", "pip", "install", "-q", "--disable-pip-version-check", "--no-deps",
+             "--require-hashes", "--only-binary=:all:", "--target", str(deps), "-r", str(requirements)],
+            check=True, capture_output=True,
+        )  # fmt: skip
+        record.write_text("\n".join(wanted) + "\n")
+    elif not wanted and deps.is_dir():
+        shutil.rmtree(deps)
+    return sorted(p.name.split("-")[0] for p in deps.glob("*.dist-info")) if wanted else []
+
+
 def release_env(version: str) -> tuple[dict[str, str], dict[str, object], str]:
     """PYTHONPATH overlay environment for ``version``, the plugin's verdict on it, and its torch pin.
 
-    Packages the release imports that 0.33.0's dependency set lacks are installed (no deps) into a
-    per-release folder on the same path. Also used by tools/stock_atlas.py.
+    Packages the release imports that 0.33.0's dependency set lacks come only from the pinned list
+    (tools/compat-packages.txt), installed without dependencies into a per-release folder on the same
+    path; a module still missing is named in the verdict ("error"), and nothing is installed for it.
+    Also used by tools/stock_atlas.py.
     """
     folder, torch = overlay(version)
     deps = CACHE / f"deps-{version}"
+    extras = install_pins(version, deps)
     env = {"PYTHONPATH": f"{folder}:{deps}", "PATH": "/usr/bin:/bin", "HOME": str(Path.home())}
-    extras: list[str] = []
-    for _ in range(8):  # older releases import packages 0.33.0's dependency set lacks: add them, no deps
-        probe = subprocess.run(
-            [sys.executable, "-c", PROBE], env=env, capture_output=True, text=True, cwd=ROOT
-        )
-        line = next((x for x in probe.stdout.splitlines() if x.startswith("PROBE:")), None)
-        result: dict[str, object] = (
-            json.loads(line[6:]) if line else {"verdict": "error", "why": probe.stderr[-300:]}
-        )
-        missing = MISSING.search(str(result["why"])) if result["verdict"] == "error" else None
-        if missing is None:
-            break
-        name = missing.group(1) or missing.group(2)
-        package = PACKAGE_OF.get(name, name)
-        extras.append(package)
-        subprocess.run(
-            [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(deps), package],
-            check=True,
-            capture_output=True,
-        )
-    result["extra_packages"] = (
-        sorted(p.name.split("-")[0] for p in deps.glob("*.dist-info")) if deps.is_dir() else extras
+    probe = subprocess.run([sys.executable, "-c", PROBE], env=env, capture_output=True, text=True, cwd=ROOT)
+    line = next((x for x in probe.stdout.splitlines() if x.startswith("PROBE:")), None)
+    result: dict[str, object] = (
+        json.loads(line[6:]) if line else {"verdict": "error", "why": probe.stderr[-300:]}
     )
+    missing = MISSING.search(str(result["why"])) if result["verdict"] == "error" else None
+    if missing is not None:
+        name = missing.group(1) or missing.group(2)
+        listed = f"{PACKAGES.parent.name}/{PACKAGES.name}"
+        result["why"] = f"missing module {name!r} (no package for it in {listed}): {result['why']}"
+    result["extra_packages"] = extras
     return env, result, torch
 
 
 def run_release(version: str) -> dict[str, object]:
     started = time.monotonic()
     env, result, torch = release_env(version)
+    if result["verdict"] == "error":  # the release does not import here: no tests to run, and a failure
+        result.update(release=version, torch=torch, tests="not run: the probe failed", rc=1, passed=0,
+                      failed=0, skipped=0, seconds=round(time.monotonic() - started, 1))  # fmt: skip
+        return result
     tests = SUPPORTED_TESTS if result["verdict"] == "supported" else REFUSED_TESTS
     pytest = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *tests],

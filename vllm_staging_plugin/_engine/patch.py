@@ -10,9 +10,11 @@ Patch registry (vllm-ascend's fields; :class:`~.installer.Installer` applies and
     How: after vLLM's ``__init__``, check the structure (:mod:`.compat`) and record the capacity, the
     largest ``num_tokens`` over every descriptor. Nothing is allocated: vLLM's profiling pass measures
     graph memory inside ``capture_model``, so the buffers must be born there, as stock.
-    Upstream PR: vllm-project/vllm#47925 (same mechanism, closed unmerged).
+    Upstream PR: vllm-project/vllm#47925 (same mechanism, closed unmerged); the change proposed now is
+    ``upstream/presize-staging-buffers.patch`` with its regression test.
     Removal: when upstream sizes the buffers to the largest descriptor (or captures it first in every
-    mode), for every release still supported.
+    mode), for every release still supported. Until then, on a vLLM that does, the capture wrapper stands
+    down by behaviour (below).
 ``ModelCudaGraphManager.capture`` (wrapped)
     Why: the pre-sizing must act on vLLM's own first assignment, inside capture.
     How: re-read the capacity; under a non-default ``STAGING_PLUGIN_ORDER`` reorder the real capture's

@@ -39,6 +39,8 @@ HIDDEN = 8  # staging rows decide the crash; a small hidden size keeps the repla
 
 @dataclass(frozen=True)
 class Search:
+    """One search: the values of each dimension (grids by name; the derived ones per ceiling)."""
+
     max_num_seqs: tuple[int, ...]
     speculative_tokens: tuple[int, ...]
     pp: tuple[str, ...]
