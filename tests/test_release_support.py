@@ -9,11 +9,12 @@ import importlib
 from typing import Any
 
 import pytest
+from fakes import is_patched
 
 pytest.importorskip("vllm")
 
 import vllm_staging_plugin
-from vllm_staging_plugin._engine import compat, patch
+from vllm_staging_plugin._engine import compat
 
 pytestmark = pytest.mark.contract
 
@@ -35,7 +36,7 @@ SUPPORT = _module_or_reason()
 @pytest.mark.skipif(isinstance(SUPPORT, str), reason=f"release refused: {SUPPORT}")
 def test_supported_release_is_patched(plugin_log: Any) -> None:
     vllm_staging_plugin.register()
-    assert patch.is_patched(SUPPORT.ModelCudaGraphManager)
+    assert is_patched(SUPPORT.ModelCudaGraphManager)
     assert plugin_log.warnings == []
 
 
