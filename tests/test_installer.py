@@ -160,6 +160,7 @@ def test_a_v2_manager_unwraps_the_v1_guard(monkeypatch: pytest.MonkeyPatch) -> N
     v1 = ModuleType(V1_RUNNER_MODULE)
     original = lambda self: None  # noqa: E731
     v1.GPUModelRunner = type("GPUModelRunner", (), {"__init__": original, "__module__": V1_RUNNER_MODULE})  # type: ignore[attr-defined]
+    monkeypatch.delitem(sys.modules, V1_RUNNER_MODULE, raising=False)  # vLLM's own runner: not yet imported
     cls = install_fake_module(monkeypatch).ModelCudaGraphManager
     vllm_staging_plugin.register()
     guard: RunnerGuard = installed().guard
