@@ -26,7 +26,7 @@ KIMI_LINEAR_4_LAYERS: dict[str, Any] = {
     "tie_word_embeddings": False, "torch_dtype": "bfloat16", "bos_token_id": 163584, "eos_token_id": 163585,
 }  # fmt: skip
 NO_WEIGHTS = ["--load-format", "dummy", "--skip-tokenizer-init"]
-KIMI_CRASH = [  # the small recover-SSM configuration: n-gram 2 tokens, recover-SSM, 4 sequences, an operator-set grid
+KIMI_CRASH = [  # the small recover-SSM configuration: n-gram 2 tokens, 4 sequences, an operator-set grid
     "--max-num-seqs", "4", "--use-replayssm",
     "--speculative-config", '{"method": "ngram", "num_speculative_tokens": 2, "prompt_lookup_max": 4}',
     "-cc", '{"cudagraph_capture_sizes": [1, 2, 4, 8, 16]}',
