@@ -208,9 +208,10 @@ def test_the_coupled_check_publishes_this_ranks_plan(monkeypatch: pytest.MonkeyP
     assert checks.check_coupled_ranks(settings, ordered, _parallel()) is None
 
 
-def test_a_new_agreement_waits_the_module_wait_seconds(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_new_agreement_waits_the_module_wait_seconds_unless_given(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(agreement, "WAIT_SECONDS", 2.0)
     assert Agreement().wait_seconds == 2.0
+    assert Agreement(wait_seconds=7.5).wait_seconds == 7.5
 
 
 def test_a_model_config_that_cannot_say_counts_as_dense() -> None:

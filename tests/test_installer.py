@@ -241,3 +241,37 @@ def test_unregister_leaves_no_capture_view_behind(monkeypatch: pytest.MonkeyPatc
     vllm_staging_plugin.unregister()
     gc.collect()
     assert cls.__subclasses__() == [] and type(manager) is cls
+
+
+def test_install_is_idempotent_and_uninstall_lets_it_install_again(plugin_log: Any) -> None:
+    fresh = Installer(Settings(disabled=True, order="ascending"), environ={})
+    fresh.install()
+    fresh.install()
+    disabled = (
+        "vllm-staging-plugin is disabled (STAGING_PLUGIN_DISABLE); STAGING_PLUGIN_ORDER=ascending is ignored "
+        "and vLLM captures in its own descending order"
+    )
+    assert plugin_log.warnings == [disabled]
+    fresh.uninstall()
+    fresh.install()
+    assert plugin_log.warnings == [disabled, disabled]
+
+
+def test_uninstall_twice_restores_the_ray_variable_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    environ = {"STAGING_PLUGIN_ORDER": "ascending", RAY_PREFIXES_VARIABLE: "MYCO_"}
+    fresh = Installer(Settings(disabled=True), environ=environ)
+    fresh.install()
+    assert environ[RAY_PREFIXES_VARIABLE] == "MYCO_,STAGING_PLUGIN_"
+    fresh.uninstall()
+    fresh.uninstall()  # nothing left to restore, and no error
+    assert environ[RAY_PREFIXES_VARIABLE] == "MYCO_"
+
+
+def test_the_patch_orders_with_the_registry_register_validated_with(monkeypatch: pytest.MonkeyPatch) -> None:
+    cls = install_fake_module(monkeypatch).ModelCudaGraphManager
+    monkeypatch.setenv("STAGING_PLUGIN_ORDER", "ascending")
+    vllm_staging_plugin.register()
+    installer = installed()
+    assert installer.policies is not None and installer.patch.policies is installer.policies
+    build(cls).capture()
+    assert installer.patch.policies is installer.policies  # the patch did not load a registry of its own

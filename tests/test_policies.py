@@ -3,6 +3,7 @@ validation as part of the hook contract, and broken packages."""
 
 from __future__ import annotations
 
+import enum
 from pathlib import Path
 from typing import Any
 
@@ -196,9 +197,29 @@ def test_a_policy_is_told_each_mode_by_name() -> None:
             seen.append(mode)
             return list(descriptors)
 
+    class GraphMode(enum.Enum):  # vLLM's CUDAGraphMode is an enum: its str() is not its name
+        PIECEWISE = 1
+
     registry = PolicyRegistry([("r", Recorder())])
-    ordered = registry.reordered(Settings(order="recorder"), {PIECEWISE: descs(PIECEWISE, [2]), "FULL": []})
-    assert seen == ["PIECEWISE", "FULL"] and list(ordered) == [PIECEWISE, "FULL"]
+    capture_descs = {GraphMode.PIECEWISE: descs(PIECEWISE, [2]), "FULL": []}
+    ordered = registry.reordered(Settings(order="recorder"), capture_descs)
+    assert seen == ["PIECEWISE", "FULL"] and list(ordered) == [GraphMode.PIECEWISE, "FULL"]
+
+
+def test_a_package_registered_twice_under_one_name_is_kept_once_without_a_word(plugin_log: Any) -> None:
+    registry = PolicyRegistry([("same", Claims(["rotate"])), ("same", Claims(["other"]))])
+    assert registry.names()[-1] == "rotate" and "other" not in registry.names()
+    assert plugin_log.warnings == []
+
+
+def test_load_passes_strict_on_to_the_registry(monkeypatch: pytest.MonkeyPatch) -> None:
+    found = [_EntryPoint("bad-names", "bad", BadNames())]
+    monkeypatch.setattr(
+        policies, "entry_points", lambda group: found if group == policies.ENTRY_POINT_GROUP else []
+    )
+    assert PolicyRegistry.load().names() == ["descending", "ascending", "max-first", "shuffle"]
+    with pytest.raises(TypeError, match="not a list of names"):
+        PolicyRegistry.load(strict=True)
 
 
 class _EntryPoint:

@@ -415,3 +415,14 @@ def test_an_unexpected_error_in_the_structure_check_is_one_warning_naming_it(
     monkeypatch.setattr(compat, "manager_class", broken)
     ManagerPatch(Settings()).install(make_module(fresh_class()))  # never breaks the import of vLLM's module
     assert plugin_log.warnings == [INACTIVE.format(reason="KeyError: 'renamed'", ignored="")]
+
+
+def test_a_tools_patch_loads_the_installed_policies_once() -> None:
+    from vllm_staging_plugin._engine.policies import PolicyRegistry
+
+    tool = ManagerPatch(Settings(order="ascending"))
+    registry = tool._policies()
+    assert isinstance(registry, PolicyRegistry) and "ascending" in registry.names()
+    assert tool._policies() is registry
+    given = PolicyRegistry([])
+    assert ManagerPatch(Settings(order="ascending"), given)._policies() is given
