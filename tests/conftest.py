@@ -6,7 +6,6 @@ import logging
 import os
 import sys
 from collections.abc import Iterator
-from typing import Any
 
 import pytest
 
@@ -55,36 +54,3 @@ def plugin_log() -> Iterator[Records]:
     yield handler
     logger.removeHandler(handler)
     logger.setLevel(old_level)
-
-
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def spawn_ranks(code: str, envs: list[dict[str, str]], timeout: float = 400) -> list[dict[str, Any]]:
-    """One fresh Python per rank, started together (as vLLM starts its workers); each prints RESULT:<json>."""
-    import json
-    import subprocess
-    import textwrap
-
-    procs = [
-        subprocess.Popen(
-            [sys.executable, "-c", textwrap.dedent(code)],
-            env=env,
-            text=True,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-        )
-        for env in envs
-    ]
-    results = []
-    for proc in procs:
-        stdout, stderr = proc.communicate(timeout=timeout)
-        lines = [x for x in stdout.splitlines() if x.startswith("RESULT:")]
-        assert proc.returncode == 0 and lines, stdout[-2000:] + stderr[-3000:]
-        results.append(json.loads(lines[-1].removeprefix("RESULT:")))
-    return results
