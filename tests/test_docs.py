@@ -7,7 +7,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = [ROOT / "README.md", ROOT / "CHANGELOG.md", *sorted((ROOT / "docs").glob("*.md"))]
-TEST_REFERENCE = re.compile(r"`(test_\w+\.py)(?:::(test_\w+))?")
+TEST_REFERENCE = re.compile(r"`(?:tests/)?(test_\w+\.py)(?:::(test_\w+))?")
 ISSUE_NUMBER = re.compile(r"\bissues? \d+(\.\d+)?\b", re.IGNORECASE)
 
 

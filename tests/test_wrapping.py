@@ -90,3 +90,18 @@ def test_restore_leaves_a_foreign_wrapper_and_names_it() -> None:
     cls.capture = theirs
     assert wrap.restore() == ["Manager.capture"] and not wrap.live
     assert cls.__dict__["capture"] is theirs and cls.__dict__["__init__"] is wrap.saved["__init__"]
+
+
+def test_a_wrap_is_live_only_while_applied_and_restoring_twice_changes_nothing() -> None:
+    class Manager:
+        def capture(self) -> None:
+            return None
+
+    vllms = Manager.__dict__["capture"]
+    wrap = ClassWrap(Manager, ("capture",))
+    assert not wrap.live and wrap.restore() == [] and Manager.__dict__["capture"] is vllms
+    wrap.apply({"capture": lambda self: None})
+    assert wrap.live
+    assert wrap.restore() == [] and not wrap.live and Manager.__dict__["capture"] is vllms
+    Manager.capture = lambda self: "someone else"  # type: ignore[method-assign]
+    assert wrap.restore() == []  # not applied any more: nothing of ours to put back

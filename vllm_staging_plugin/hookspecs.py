@@ -9,7 +9,8 @@ A policy package registers an object or module with ``@hookimpl`` functions unde
   ``shuffle``) are reserved; a name two packages declare belongs to the one loaded first.
 * ``staging_validate_order`` (optional) checks a policy's argument at start-up, before the model loads.
   Any exception it raises stops start-up as a ``ConfigError`` naming ``STAGING_PLUGIN_ORDER``, the
-  policy and the exception. Without it, ``staging_capture_order`` is called once with no descriptors.
+  policy, its package and the exception. Without it, ``staging_capture_order`` is called once with no
+  descriptors and ``mode="validation"``.
 * ``staging_capture_order`` returns one mode's descriptors in capture order: a permutation of its input.
 
 A policy is a pure function of (policy name, argument, mode, descriptors): every tensor-, pipeline- and
@@ -45,6 +46,7 @@ def staging_capture_order(  # type: ignore[empty-body]
 ) -> Sequence[Any]:
     """Return ``descriptors`` (one mode's list, in vLLM's descending order) in capture order.
 
-    Called only for a ``policy`` this package declared. The result must be a permutation of
-    ``descriptors``.
+    Called only for a ``policy`` this package declared; ``mode`` is the mode's name (``PIECEWISE``,
+    ``FULL``), or ``validation`` for the start-up call with no descriptors. The result must be a
+    permutation of ``descriptors``.
     """

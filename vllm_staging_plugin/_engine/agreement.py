@@ -109,14 +109,13 @@ def check(mine: dict[str, Any], store: Any, rank: int, ranks: Sequence[int], wai
     namespace = f"{KEY_PREFIX}/{ranks[0]}-{ranks[-1]}"
     round_ = int(store.add(f"{namespace}/rounds/{rank}", 1)) - 1
     prefix = f"{namespace}/{round_}"
-    store.set(f"{prefix}/{rank}", json.dumps(mine, sort_keys=True))
-    keys = [f"{prefix}/{r}" for r in ranks]
+    store.set(f"{prefix}/{rank}", json.dumps(mine))
     try:
-        store.wait(keys, timedelta(seconds=wait_seconds))
+        store.wait([f"{prefix}/{r}" for r in ranks], timedelta(seconds=wait_seconds))
     except Exception:  # timed out: some coupled rank never published
-        missing = [r for r, key in zip(ranks, keys, strict=True) if not store.check([key])]
+        missing = [r for r in ranks if not store.check([f"{prefix}/{r}"])]
         raise AgreementError(_missing(mine, missing, wait_seconds)) from None
-    plans = {r: json.loads(store.get(key)) for r, key in zip(ranks, keys, strict=True)}
+    plans = {r: json.loads(store.get(f"{prefix}/{r}")) for r in ranks}  # compared key-order-free below
     if len({json.dumps(p, sort_keys=True) for p in plans.values()}) > 1:
         raise AgreementError(disagreement(plans))
     logger.debug("vllm-staging-plugin: ranks %s agree on the capture plan %s", list(ranks), mine["digest"])

@@ -10,8 +10,8 @@ Patch registry (vllm-ascend's fields; :class:`~.installer.Installer` applies and
     How: after vLLM's ``__init__``, check the structure (:mod:`.compat`) and record the capacity, the
     largest ``num_tokens`` over every descriptor. Nothing is allocated: vLLM's profiling pass measures
     graph memory inside ``capture_model``, so the buffers must be born there, as stock.
-    Upstream PR: vllm-project/vllm#47925 (same mechanism, closed unmerged); the change proposed now is
-    ``upstream/presize-staging-buffers.patch`` with its regression test.
+    Upstream PR: vllm-project/vllm#47925 (same mechanism, closed unmerged); the change this project
+    proposes is ``upstream/presize-staging-buffers.patch`` with its regression test.
     Removal: when upstream sizes the buffers to the largest descriptor (or captures it first in every
     mode), for every release still supported. Until then, on a vLLM that does, the capture wrapper stands
     down by behaviour (below).
@@ -25,7 +25,8 @@ Patch registry (vllm-ascend's fields; :class:`~.installer.Installer` applies and
     The manager holds one plugin attribute, ``_vllm_staging`` (settings, capacity, ranks agreed).
     Stands down by behaviour: when vLLM's own first buffer already holds the capacity although the first
     descriptor captured is smaller, vLLM pre-sizes; one INFO line, and later captures in the process
-    leave vLLM's staging alone (the order knob keeps working).
+    leave vLLM's staging alone (the order knob keeps working). A capture whose first descriptor is the
+    largest cannot tell the two apart: there the slot keeps vLLM's own tensor, as on stock vLLM.
     Upstream PR: as above. Removal: as above; the order knob would then need an upstream hook.
 ``vllm.v1.worker.gpu_model_runner.GPUModelRunner.__init__`` (wrapped, :mod:`.runner_guard`)
     Why: on the V1 runner there is no manager and the plugin would be silently inactive.
@@ -132,7 +133,7 @@ class ManagerPatch:
 
     @contextmanager
     def applied_to(self, cls: type) -> Iterator[ManagerPatch]:
-        """For offline tools: ``cls`` wrapped by this patch for the block, then exactly as before."""
+        """For offline tools: ``cls`` wrapped by this patch for the block, then holding what it held."""
         self.patch(cls)
         try:
             yield self

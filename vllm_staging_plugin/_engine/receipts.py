@@ -47,7 +47,7 @@ class _Start(TypedDict):
 
 
 class _Agreement(TypedDict, total=False):
-    """Written by every release of the plugin since the agreement check; absent from older receipts."""
+    """The agreement check's count; a receipt without it was written by a plugin without that check."""
 
     ranks_agreed: int | None  # ranks whose capture plan matched (None: not checked)
 

@@ -47,22 +47,27 @@ class ClassWrap:
         self.cls = cls
         self.saved = {name: cls.__dict__[name] for name in names}
         self.stock = {name: stock(function) for name, function in self.saved.items()}
-        self.replacements: dict[str, Any] = {}
-        self.live = False
+        self.replacements: dict[str, Any] | None = None  # set while applied
+
+    @property
+    def live(self) -> bool:
+        """Applied and not restored: the wrappers act; otherwise they pass every call to vLLM."""
+        return self.replacements is not None
 
     def apply(self, replacements: Mapping[str, Any]) -> None:
         self.replacements = dict(replacements)
         for name, function in self.replacements.items():
             setattr(self.cls, name, function)
-        self.live = True
 
     def restore(self) -> list[str]:
         """Put back what the class held; returns ``Class.name`` of each function another tool wrapped
-        meanwhile (left alone)."""
-        self.live = False
+        meanwhile (left alone). Nothing to do when not applied."""
+        replacements, self.replacements = self.replacements, None
+        if replacements is None:
+            return []
         foreign = []
         for name, before in self.saved.items():
-            if self.cls.__dict__.get(name) is self.replacements.get(name):
+            if self.cls.__dict__.get(name) is replacements.get(name):
                 setattr(self.cls, name, before)
             else:
                 foreign.append(f"{self.cls.__qualname__}.{name}")

@@ -1,7 +1,7 @@
 """Compare capture orders from a directory of receipts: N, median/min/max, ratio to descending.
 
 Receipts of several ranks (tensor/pipeline parallel) are reported per rank, each against its own rank's
-baseline, with a ``rank`` column; single-rank data prints exactly as before (no such column).
+baseline, with a ``rank`` column; single-rank data has no such column.
 """
 
 from __future__ import annotations
