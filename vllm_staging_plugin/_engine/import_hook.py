@@ -42,18 +42,18 @@ class PostImportHook(importlib.abc.MetaPathFinder):
     def __init__(self, fullname: str, callback: Callback) -> None:
         self.fullname = fullname
         self.callback = callback
-        self._resolving = False
+        self._asking = 0  # our own find_spec calls in progress: importlib asks this finder again
 
     def find_spec(
         self, fullname: str, path: Sequence[str] | None, target: ModuleType | None = None
     ) -> importlib.machinery.ModuleSpec | None:
-        if fullname != self.fullname or self._resolving:
+        if fullname != self.fullname or self._asking:
             return None
-        self._resolving = True
+        self._asking += 1
         try:
             spec = importlib.util.find_spec(fullname)
         finally:
-            self._resolving = False
+            self._asking -= 1
         if spec is None or spec.loader is None:
             return None
         spec.loader = _CallbackLoader(spec.loader, self)
