@@ -245,3 +245,15 @@ def test_an_allocation_is_attempted_only_when_vllms_first_buffer_is_short(
             manager.capture()
         assert failing.call_count == 1
     assert type(manager) is cls  # back on vLLM's class after the capture, whatever happened
+
+
+def test_first_tokens_reads_modes_by_name_whatever_their_type() -> None:
+    import enum
+
+    class GraphMode(enum.Enum):  # vLLM's CUDAGraphMode: str() of a member is not its name
+        PIECEWISE = 1
+        FULL = 2
+
+    enum_keys = {GraphMode.FULL: descs(FULL, [9, 3]), GraphMode.PIECEWISE: descs(PIECEWISE, [8, 1])}
+    assert staging.first_tokens(enum_keys) == 8
+    assert staging.first_tokens({"FULL": descs(FULL, [9, 3])}) == 9  # a key without a name attribute
