@@ -171,3 +171,75 @@ def run_together(code: str, envs: Sequence[Mapping[str, str]], timeout: float = 
         assert proc.returncode == 0 and lines, stdout[-TAIL:] + stderr[-TAIL:]
         results.append(json.loads(lines[-1].removeprefix("RESULT:")))
     return results
+
+
+FORK_DRIVER = r"""
+import json, os, sys, threading
+code, envs, preload = sys.argv[1], json.loads(sys.argv[2]), sys.argv[3]
+exec(preload)  # the imports every rank needs, made once before the fork
+children = []
+for env in envs:
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # a rank: its own environment, its stdout into the pipe
+        os.close(read)
+        os.dup2(write, 1)
+        os.environ.clear()
+        os.environ.update(env)
+        status = 0
+        try:
+            exec(compile(code, "<rank>", "exec"), {"__name__": "__main__"})
+        except BaseException:
+            import traceback
+            traceback.print_exc()
+            status = 1
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(status)
+    os.close(write)
+    children.append((pid, read))
+outputs = [""] * len(children)
+
+def drain(i, fd):
+    with os.fdopen(fd) as pipe:
+        outputs[i] = pipe.read()
+
+threads = [threading.Thread(target=drain, args=(i, fd)) for i, (_, fd) in enumerate(children)]
+for thread in threads:
+    thread.start()
+statuses = [os.waitpid(pid, 0)[1] for pid, _ in children]
+for thread in threads:
+    thread.join()
+print("FORKED:" + json.dumps([{"status": st, "stdout": out} for st, out in zip(statuses, outputs)]))
+"""
+
+
+def fork_together(
+    code: str, envs: Sequence[Mapping[str, str]], preload: str, timeout: float = 400
+) -> list[dict[str, Any]]:
+    """:func:`run_together`, but the ranks are forked from one process that ran ``preload`` (vLLM's
+    import) once: the ranks' environments may differ, their hash seed may not. Each rank prints
+    ``RESULT:<json>``; returns their results in the order of ``envs``."""
+    driver_env = dict(envs[0]) | {"OMP_NUM_THREADS": "1"}  # no thread pool to inherit across the fork
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            FORK_DRIVER,
+            textwrap.dedent(code),
+            json.dumps([dict(e) for e in envs]),
+            preload,
+        ],
+        env=driver_env,
+        text=True,
+        capture_output=True,
+        timeout=timeout,
+    )
+    lines = [x for x in proc.stdout.splitlines() if x.startswith("FORKED:")]
+    assert proc.returncode == 0 and lines, proc.stdout[-TAIL:] + proc.stderr[-TAIL:]
+    results = []
+    for rank in json.loads(lines[-1].removeprefix("FORKED:")):
+        found = [x for x in rank["stdout"].splitlines() if x.startswith("RESULT:")]
+        assert rank["status"] == 0 and found, rank["stdout"][-TAIL:] + proc.stderr[-TAIL:]
+        results.append(json.loads(found[-1].removeprefix("RESULT:")))
+    return results

@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 import torch.distributed as dist
-from childproc import free_port, run_together
+from childproc import fork_together, free_port
 
 from vllm_staging_plugin._engine import agreement
 from vllm_staging_plugin._engine.agreement import Agreement, AgreementError, check, coupled_ranks
@@ -318,7 +318,8 @@ def dp_tp_runs() -> list[dict[str, Any]]:
     pytest.importorskip("vllm.v1.worker.gpu.cudagraph_utils")
     base = {k: v for k, v in os.environ.items() if not k.startswith("STAGING_PLUGIN")}
     base |= {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), "SCENARIOS": json.dumps(SCENARIOS)}
-    return run_together(RANK, [base | {"RANK": str(rank)} for rank in range(4)])
+    preload = "import torch.distributed, vllm.v1.worker.gpu.cudagraph_utils"  # vLLM's import, once
+    return fork_together(RANK, [base | {"RANK": str(rank)} for rank in range(4)], preload)
 
 
 @pytest.mark.contract
