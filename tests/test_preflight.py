@@ -287,3 +287,20 @@ def test_a_check_option_after_the_separator_is_pointed_back_before_it(tmp_path: 
     err = capsys.readouterr().err
     assert "unrecognized arguments: --order ascending" in err
     assert "(--order: options of the check go before `--`)" in err
+
+
+def test_a_phase_inside_another_is_counted_as_its_own() -> None:
+    import time
+
+    from vllm_staging_plugin._offline.preflight.phases import Phases
+
+    phases = Phases()
+    started = time.perf_counter()
+    with phases.phase("configure"):
+        time.sleep(0.05)
+        with phases.phase("inspect"):
+            time.sleep(0.1)
+    wall = time.perf_counter() - started
+    seconds = phases.seconds
+    assert seconds["inspect"] >= 0.1 and seconds["configure"] >= 0.05
+    assert abs(seconds["inspect"] + seconds["configure"] - wall) < 0.01  # each second counted once

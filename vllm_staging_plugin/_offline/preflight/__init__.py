@@ -104,8 +104,7 @@ def run(
 
     check_order(order, order_from)
     checked = check_model_early(argv)
-    from .. import cpu_replay as cpu_replay_module  # torch and vLLM: only once the arguments look right
-    from ..cpu_replay import cudagraph_module
+    from .. import cpu_replay  # torch and vLLM: only once the arguments look right
     from .replay import plugin_settings, replay_arm, replay_stock
 
     versions = compat.installed_versions()
@@ -123,11 +122,8 @@ def run(
                 checked = str(args.model)  # once: the workaround's replays keep the model
             if emulated:
                 type(platform).emulated_count = gpus or node_gpus(args)
-            started = time.perf_counter()
-            inspect_model_classes(str(args.model))  # vLLM caches it; counted as `inspect`, not `configure`
-            spent = time.perf_counter() - started
-            phases.add("inspect", spent)
-            phases.add("configure", -spent)
+            with phases.phase("inspect"):  # vLLM caches it: the configuration build below finds it
+                inspect_model_classes(str(args.model))
             config = create_engine_config(args)
             if not config.use_v2_model_runner:
                 raise CannotCheckHere(
@@ -139,7 +135,7 @@ def run(
         with phases.phase("configure"):
             vllm_config = configure(argv)
         try:
-            compat.manager_class(cudagraph_module())
+            compat.manager_class(cpu_replay.cudagraph_module())
         except compat.IncompatibleVllm as exc:
             raise CannotCheckHere(f"this vLLM has no supported manager: {exc}") from exc
         inputs = manager_inputs(vllm_config)
@@ -167,7 +163,7 @@ def run(
             with phases.phase("workaround"):
                 fix = workaround.find(argv, sizes, plan, stock_check, tokens, _query_lengths(vllm_config))
     with phases.phase("replay"):  # under this machine's own platform, as the CPU replay expects
-        presizes = cpu_replay_module.vllm_presizes()
+        presizes = cpu_replay.vllm_presizes()
     model_config = vllm_config.model_config
     notes = list(inputs.notes)
     if not any(plan.values()):
