@@ -5,9 +5,9 @@ script runs every check that needs a fresh process of that kind, one after the o
 all at once as ``RESULT:<json>`` on stdout. A check that raises is recorded with its traceback and does
 not stop the checks after it; each test then asserts on its own check's result (:meth:`Checks.value`).
 
-Under pytest-xdist (``--dist worksteal``) another worker may steal some of a module's tests after the first
-worker ran its module-scoped fixture; :func:`once_per_run` has the workers share one child's results
-instead of starting a second child.
+The suite's addopts give each pytest-xdist worker whole test files (``--dist loadscope``); under a mode
+that splits a file across workers (``--dist load``, ``worksteal``) :func:`once_per_run` has the workers
+share one child's results instead of starting a second child.
 """
 
 from __future__ import annotations

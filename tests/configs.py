@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
 from typing import Any
 
 QWEN3_0_6B: dict[str, Any] = {  # public Qwen3-0.6B config.json shape
@@ -31,3 +33,6 @@ KIMI_CRASH = [  # the small recover-SSM configuration: n-gram 2 tokens, 4 sequen
     "--speculative-config", '{"method": "ngram", "num_speculative_tokens": 2, "prompt_lookup_max": 4}',
     "-cc", '{"cudagraph_capture_sizes": [1, 2, 4, 8, 16]}',
 ]  # fmt: skip
+K3_4_LAYERS = Path(__file__).parent / "data" / "kimi-k3-4l"  # Kimi-K3's published structure, 4 layers
+K3: dict[str, Any] = json.loads((K3_4_LAYERS / "config.json").read_text())
+ARCHITECTURES = sorted({a for c in (QWEN3_0_6B, KIMI_LINEAR_4_LAYERS, K3) for a in c["architectures"]})

@@ -1,13 +1,74 @@
-"""Shared fixtures. vLLM's logger does not propagate, so log assertions attach their own handler."""
+"""Shared fixtures. vLLM's logger does not propagate, so log assertions attach their own handler.
+
+The run keeps vLLM's cache in a folder of its own (``VLLM_CACHE_ROOT``, set before any worker or child
+starts, so every process of the run shares it). ``model_inspection_cache`` fills vLLM's model-class
+inspection cache there once, in-process: otherwise each process that meets an architecture first starts
+vLLM's inspection subprocess, which imports vLLM again (10-20 s of CPU). The console-script test of a
+first check starts from an empty cache of its own.
+"""
 
 from __future__ import annotations
 
 import logging
 import os
+import shutil
 import sys
+import tempfile
 from collections.abc import Iterator
 
 import pytest
+from childproc import once_per_run, run_root
+from configs import ARCHITECTURES
+
+CACHE_VARIABLE = "VLLM_CACHE_ROOT"
+_cache_key = pytest.StashKey[str | None]()  # the variable's value before the run
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    if not os.environ.get("PYTEST_XDIST_WORKER"):  # the controller (or the only process): before any worker
+        config.stash[_cache_key] = os.environ.get(CACHE_VARIABLE)
+        os.environ[CACHE_VARIABLE] = tempfile.mkdtemp(prefix="vllm-cache-")
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    if _cache_key in config.stash:
+        shutil.rmtree(os.environ[CACHE_VARIABLE], ignore_errors=True)
+        before = config.stash[_cache_key]
+        if before is None:
+            os.environ.pop(CACHE_VARIABLE)
+        else:
+            os.environ[CACHE_VARIABLE] = before
+
+
+def _inspect_here() -> list[str]:
+    """vLLM's own ``inspect_model_cls`` for each architecture the tests' models name, run in this process
+    (as its subprocess would run it, on this machine's platform) so that vLLM writes its cache files. An
+    architecture this vLLM lacks or cannot inspect is left to vLLM's subprocess."""
+    try:
+        from vllm.model_executor.models import registry
+    except ImportError:
+        return []
+    inspected = []
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(registry, "_run_in_subprocess", lambda fn: fn(), raising=False)
+        for architecture in ARCHITECTURES:
+            entry = registry.ModelRegistry.models.get(architecture)
+            try:
+                entry.inspect_model_cls()
+            except Exception:  # absent here (None) or not importable: vLLM's own path decides
+                continue
+            inspected.append(architecture)
+    return inspected
+
+
+@pytest.fixture(scope="session")
+def model_inspection_cache(tmp_path_factory: pytest.TempPathFactory) -> list[str]:
+    """For the tests that check a model: its architecture's inspection is in the run's cache already.
+    Returns the architectures inspected."""
+    inspected: list[str] = once_per_run(
+        run_root(tmp_path_factory.getbasetemp()), "model-inspection", _inspect_here
+    )
+    return inspected
 
 
 class Records(logging.Handler):
@@ -54,3 +115,11 @@ def plugin_log() -> Iterator[Records]:
     yield handler
     logger.removeHandler(handler)
     logger.setLevel(old_level)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Test files that start fresh processes go first, each whole (addopts: xdist hands out one file at a
+    time, in this order): their children then share the cores with the in-process tests rather than run
+    last and alone."""
+    starting = {item.path for item in items if item.get_closest_marker("subprocess")}
+    items.sort(key=lambda item: item.path not in starting)

@@ -17,6 +17,7 @@ from types import ModuleType
 from typing import Any
 
 import pytest
+from configs import K3_4_LAYERS
 from fakes import installed
 
 import vllm_staging_plugin
@@ -24,7 +25,7 @@ from vllm_staging_plugin._engine import staging
 from vllm_staging_plugin._offline import cpu_replay
 from vllm_staging_plugin._offline.cpu_replay import ReplayConfig
 
-pytestmark = pytest.mark.contract
+pytestmark = [pytest.mark.contract, pytest.mark.usefixtures("model_inspection_cache")]
 ROOT = Path(__file__).resolve().parents[1]
 PATCH = ROOT / "upstream" / "presize-staging-buffers.patch"
 K3 = ReplayConfig(  # Kimi-K3's widths: 8 speculative tokens, 48 sequences, powers of two, recover-SSM
@@ -105,7 +106,7 @@ def test_the_order_knob_keeps_working(presizing_vllm: ModuleType, monkeypatch: p
 
 
 K3_SERVE = [
-    str(ROOT / "tests" / "data" / "kimi-k3-4l"), "--load-format", "dummy", "--skip-tokenizer-init",
+    str(K3_4_LAYERS), "--load-format", "dummy", "--skip-tokenizer-init",
     "--use-replayssm", "--max-num-seqs", "48", "--tensor-parallel-size", "8",
     "--speculative-config", '{"method": "ngram", "num_speculative_tokens": 8, "prompt_lookup_max": 2}',
     "-cc", '{"cudagraph_capture_sizes": [1, 2, 4, 8, 16, 32, 64, 128, 256, 512]}',

@@ -1,6 +1,8 @@
-"""The engine part does only what the operator asked, proven in fresh processes over the real vLLM class.
+"""The engine part does only what the operator asked, proven in two ranks over the real vLLM class.
 
-Two ranks (a real gloo group whose store records every call) register the plugin the way vLLM does, let
+The ranks are forked from one process that imported torch and vLLM's configuration, as vLLM forks its
+workers, but neither the plugin nor vLLM's ``cudagraph_utils``. They form a real gloo group whose store
+records every call, register the plugin the way vLLM does, let
 vLLM's ``cudagraph_utils`` import apply the patch, and capture on CPU with no ``STAGING_PLUGIN_*`` variable
 set. Recorded there: which of the plugin's modules (and pluggy) are loaded, which hooks sit on
 ``sys.meta_path``, every store call and every plugin frame during the capture, and the plugin frames of a
@@ -17,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from childproc import clean_environment, free_port, once_per_run, run_root, run_together
+from childproc import clean_environment, fork_together, free_port, once_per_run, run_root
 
 import vllm_staging_plugin
 
@@ -150,6 +152,9 @@ dist.barrier()
 print("RESULT:" + json.dumps(out))
 """
 
+# What every vLLM process has imported before it loads its plugins, imported once and the ranks forked from
+# it; neither the plugin nor vLLM's cudagraph_utils (whose import applies the patch in each rank) is in it.
+PRELOAD = "import torch.distributed, vllm.config, vllm.plugins"
 DEFAULT_LOADED = [
     "vllm_staging_plugin",
     "vllm_staging_plugin._engine",
@@ -171,10 +176,13 @@ def ranks(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
     env = clean_environment()
     env["STORE"] = str(tmp_path_factory.mktemp("store") / "store")
     env["MASTER_ADDR"], env["MASTER_PORT"] = "127.0.0.1", str(free_port())
-    envs = [env | {"RANK": str(rank), "PYTHONHASHSEED": str(rank + 7)} for rank in range(2)]
-    ranks: list[dict[str, Any]] = once_per_run(
-        run_root(tmp_path_factory.getbasetemp()), "test_engine_footprint", lambda: run_together(RANK, envs)
-    )
+    envs = [env | {"RANK": str(rank)} for rank in range(2)]
+
+    def run() -> list[dict[str, Any]]:
+        return fork_together(RANK, envs, PRELOAD)
+
+    root = run_root(tmp_path_factory.getbasetemp())
+    ranks: list[dict[str, Any]] = once_per_run(root, "test_engine_footprint", run)
     return ranks
 
 

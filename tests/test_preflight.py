@@ -1,7 +1,7 @@
 """``check -- <vllm serve arguments>`` against the real installed vLLM: its parser, config and manager.
 
-Models are local folders holding only a config.json (no hub, no weights, no tokenizer). The first
-inspection of an architecture runs vLLM's own registry subprocess; later runs read its model-info cache.
+Models are local folders holding only a config.json (no hub, no weights, no tokenizer). vLLM's registry
+reads each architecture's inspection from the run's model-info cache (conftest's model_inspection_cache).
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from configs import KIMI_CRASH, KIMI_LINEAR_4_LAYERS, NO_WEIGHTS, QWEN3_0_6B
+from configs import ARCHITECTURES, K3, KIMI_CRASH, KIMI_LINEAR_4_LAYERS, NO_WEIGHTS, QWEN3_0_6B
 from fakes import installed, is_patched
 
 pytest.importorskip("vllm.v1.worker.gpu.cudagraph_utils")
@@ -22,9 +22,16 @@ import vllm_staging_plugin
 from vllm_staging_plugin._offline import cpu_replay, preflight
 from vllm_staging_plugin._offline.cli import main
 
-pytestmark = pytest.mark.contract
+pytestmark = [pytest.mark.contract, pytest.mark.usefixtures("model_inspection_cache")]
 
 STOCK_CRASH = "The expanded size of the tensor (8) must match the existing size (9)"
+
+
+def test_the_runs_model_cache_holds_every_architecture_the_tests_check(
+    model_inspection_cache: list[str],
+) -> None:
+    """Else each first check of an architecture starts vLLM's inspection subprocess: slower, not wrong."""
+    assert model_inspection_cache == ARCHITECTURES
 
 
 def model_dir(root: Path, config: dict[str, Any]) -> str:
@@ -167,9 +174,6 @@ def _process_state() -> dict[str, Any]:
         "bindings": {name: id(vars(module)["current_platform"]) for name, module in list(sys.modules.items())
                      if name.startswith("vllm.") and "current_platform" in vars(module)},
     }  # fmt: skip
-
-
-K3 = json.loads((Path(__file__).parent / "data" / "kimi-k3-4l" / "config.json").read_text())
 
 
 @pytest.mark.usefixtures("offline")

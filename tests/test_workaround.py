@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from configs import NO_WEIGHTS, QWEN3_0_6B
+from configs import K3, NO_WEIGHTS, QWEN3_0_6B
 
 pytest.importorskip("vllm.v1.worker.gpu.cudagraph_utils")
 
@@ -26,9 +26,8 @@ from vllm_staging_plugin._offline.cli import main
 from vllm_staging_plugin._offline.cpu_replay import ReplayConfig
 from vllm_staging_plugin._offline.preflight import workaround
 
-pytestmark = pytest.mark.contract
+pytestmark = [pytest.mark.contract, pytest.mark.usefixtures("model_inspection_cache")]
 FEATURES = cpu_replay.features()
-DATA = Path(__file__).parent / "data"
 POWERS_TO_512 = [1, 2, 4, 8, 16, 32, 64, 128, 256, 512]
 K3_WIDTHS = [  # 8 speculative tokens (decode_query_len 9), 48 sequences, a power-of-two grid: (256) vs (261)
     "--speculative-config", '{"method": "ngram", "num_speculative_tokens": 8, "prompt_lookup_max": 2}',
@@ -162,7 +161,7 @@ def test_kimi_k3_at_tp8_gets_a_verified_workaround_that_boots_stock_when_passed_
 ) -> None:
     """The published Kimi-K3 structure (4 layers, MXFP4 compressed-tensors quantization kept) at the K3
     deployment widths and tensor-parallel size 8, on a machine without a GPU."""
-    model = folder(tmp_path / "kimi-k3", json.loads((DATA / "kimi-k3-4l" / "config.json").read_text()))
+    model = folder(tmp_path / "kimi-k3", K3)
     argv = [model, *NO_WEIGHTS, *K3_WIDTHS, "--tensor-parallel-size", "8"]
     code, out = check_json(capsys, "--", *argv)
     assert code == 0, out
@@ -190,7 +189,7 @@ def test_kimi_k3_at_tp8_gets_a_verified_workaround_that_boots_stock_when_passed_
 
 @pytest.mark.usefixtures("offline")
 def test_the_text_report_prints_the_ready_argument(tmp_path: Path, capsys: Any) -> None:
-    model = folder(tmp_path / "kimi-k3", json.loads((DATA / "kimi-k3-4l" / "config.json").read_text()))
+    model = folder(tmp_path / "kimi-k3", K3)
     assert main(["check", "--", model, *NO_WEIGHTS, *K3_WIDTHS]) == 0
     out = capsys.readouterr().out
     assert "without the plugin: give vLLM this grid instead of yours (1 more CUDA graph; stock vLLM " in out
