@@ -42,8 +42,9 @@ def pytest_unconfigure(config: pytest.Config) -> None:
 
 def _inspect_here() -> list[str]:
     """vLLM's own ``inspect_model_cls`` for each architecture the tests' models name, run in this process
-    (as its subprocess would run it, on this machine's platform) so that vLLM writes its cache files. An
-    architecture this vLLM lacks or cannot inspect is left to vLLM's subprocess."""
+    (as its subprocess would run it, on this machine's platform) so that vLLM writes its cache files.
+    One this vLLM cannot inspect here is left to vLLM's own path (its subprocess); one it lacks, to its
+    refusal."""
     try:
         from vllm.model_executor.models import registry
     except ImportError:
@@ -118,8 +119,7 @@ def plugin_log() -> Iterator[Records]:
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Test files that start fresh processes go first, each whole (addopts: xdist hands out one file at a
-    time, in this order): their children then share the cores with the in-process tests rather than run
-    last and alone."""
+    """Test files with ``subprocess``-marked tests go first (addopts: xdist hands out whole files, in this
+    order): their children then share the cores with the in-process tests rather than run last and alone."""
     starting = {item.path for item in items if item.get_closest_marker("subprocess")}
     items.sort(key=lambda item: item.path not in starting)

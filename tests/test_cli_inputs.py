@@ -9,7 +9,9 @@ pre-flights that import vLLM (quiet, the first check of an architecture; ``-v``)
 log level once, when imported. The bad inputs are refused before vLLM is imported; they run as
 ``main([...])`` calls in one fresh process per environment (the hub variables are read when
 ``huggingface_hub`` is imported), each call's stdout and stderr captured on its own. vLLM's refusal of
-an unknown architecture is met in this process. (The operator's own log level: test_quiet.py.)
+an unknown architecture, and vLLM's log lines beside ``--json``, are met in this process; ``--help`` and
+``report``, which never import vLLM, run the console script on their own. (The operator's own log level:
+test_quiet.py.)
 """
 
 from __future__ import annotations
@@ -197,6 +199,30 @@ def test_an_unknown_architecture_is_one_line_not_vllms_list(tmp_path: Path, caps
     ]
     out = one_json_object(json_code, as_json.out, as_json.err)
     assert out["exit_code"] == 2 and len(str(out["message"])) < 300
+
+
+@pytest.mark.usefixtures("model_inspection_cache")
+def test_with_json_vllms_log_lines_go_to_stderr(
+    tmp_path: Path, capsys: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """stdout stays one JSON object while vLLM logs (a warning, which quiet mode keeps, logged where vLLM
+    builds the configuration); the line reaches stderr."""
+    from vllm_staging_plugin._offline import preflight
+
+    build = preflight.create_engine_config
+
+    def logging_build(args: Any) -> Any:
+        logging.getLogger("vllm.config.model").warning("a warning of vLLM's")
+        return build(args)
+
+    monkeypatch.setattr(preflight, "create_engine_config", logging_build)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    qwen3 = str(folder(tmp_path / "qwen3", QWEN3_0_6B))
+    with terminal_logs():
+        code = main(["check", "--json", "--", qwen3, *NO_WEIGHTS])
+        captured = capsys.readouterr()
+    assert one_json_object(code, captured.out, captured.err)["stock"]["ok"]
+    assert "a warning of vLLM's" in captured.err and "a warning" not in captured.out
 
 
 @contextlib.contextmanager
