@@ -21,6 +21,8 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 HARNESS = '''
 import io as _io, json as _json, logging as _logging, traceback as _traceback
 
@@ -113,11 +115,15 @@ def finish(proc: subprocess.Popen[str], timeout: float = 400) -> Checks:
     return Checks(json.loads(lines[-1].removeprefix("RESULT:")), stdout + stderr)
 
 
-def once_per_run(directory: Path, name: str, compute: Callable[[], Any]) -> Any:
-    """``compute()`` (JSON-able) once per test run, shared by every xdist worker through ``directory``:
-    the run's temporary root (``tmp_path_factory.getbasetemp().parent`` under xdist)."""
+def once_per_run(tmp_path_factory: pytest.TempPathFactory, name: str, compute: Callable[[], Any]) -> Any:
+    """``compute()`` (JSON-able) once per test run, shared by every xdist worker through the run's
+    temporary root (``tmp_path_factory``'s base folder's parent under xdist, else the base folder)."""
     import fcntl
 
+    base = tmp_path_factory.getbasetemp()
+    directory = (
+        base.parent / "shared-children" if os.environ.get("PYTEST_XDIST_WORKER") else base / "children"
+    )
     directory.mkdir(parents=True, exist_ok=True)
     saved = directory / f"{name}.json"
     with open(directory / f"{name}.lock", "w") as lock:
@@ -127,11 +133,6 @@ def once_per_run(directory: Path, name: str, compute: Callable[[], Any]) -> Any:
         value = compute()
         saved.write_text(json.dumps(value))
         return value
-
-
-def run_root(base: Path) -> Path:
-    """Where :func:`once_per_run` keeps results: shared by this run's xdist workers, else this process's."""
-    return base.parent / "shared-children" if os.environ.get("PYTEST_XDIST_WORKER") else base / "children"
 
 
 def run_checks(body: str, env: Mapping[str, str], timeout: float = 400) -> Checks:
@@ -144,33 +145,6 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
-
-
-def run_together(code: str, envs: Sequence[Mapping[str, str]], timeout: float = 400) -> list[dict[str, Any]]:
-    """One plain script per environment, all started at once (as vLLM starts its workers); each prints
-    ``RESULT:<json>``. Returns their results in the order of ``envs``."""
-    procs = [
-        subprocess.Popen(
-            [sys.executable, "-c", textwrap.dedent(code)],
-            env=dict(env),
-            text=True,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-        )
-        for env in envs
-    ]
-    results = []
-    for proc in procs:
-        try:
-            stdout, stderr = proc.communicate(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            for other in procs:
-                other.kill()
-            raise
-        lines = [x for x in stdout.splitlines() if x.startswith("RESULT:")]
-        assert proc.returncode == 0 and lines, stdout[-TAIL:] + stderr[-TAIL:]
-        results.append(json.loads(lines[-1].removeprefix("RESULT:")))
-    return results
 
 
 FORK_DRIVER = r"""
@@ -217,9 +191,9 @@ print("FORKED:" + json.dumps([{"status": st, "stdout": out} for st, out in zip(s
 def fork_together(
     code: str, envs: Sequence[Mapping[str, str]], preload: str, timeout: float = 400
 ) -> list[dict[str, Any]]:
-    """:func:`run_together`, but the ranks are forked from one process that ran ``preload`` (vLLM's
-    import) once: the ranks' environments may differ, their hash seed may not. Each rank prints
-    ``RESULT:<json>``; returns their results in the order of ``envs``."""
+    """One rank per environment, all forked at once (as vLLM forks its workers) from one process that ran
+    ``preload`` (vLLM's import) once: the ranks' environments may differ, their hash seed may not. Each
+    rank prints ``RESULT:<json>``; returns their results in the order of ``envs``."""
     driver_env = dict(envs[0]) | {"OMP_NUM_THREADS": "1"}  # no thread pool to inherit across the fork
     proc = subprocess.run(
         [

@@ -17,7 +17,7 @@ import tempfile
 from collections.abc import Iterator
 
 import pytest
-from childproc import once_per_run, run_root
+from childproc import once_per_run
 from configs import ARCHITECTURES
 
 CACHE_VARIABLE = "VLLM_CACHE_ROOT"
@@ -66,9 +66,7 @@ def _inspect_here() -> list[str]:
 def model_inspection_cache(tmp_path_factory: pytest.TempPathFactory) -> list[str]:
     """For the tests that check a model: its architecture's inspection is in the run's cache already.
     Returns the architectures inspected."""
-    inspected: list[str] = once_per_run(
-        run_root(tmp_path_factory.getbasetemp()), "model-inspection", _inspect_here
-    )
+    inspected: list[str] = once_per_run(tmp_path_factory, "model-inspection", _inspect_here)
     return inspected
 
 

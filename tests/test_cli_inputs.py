@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from childproc import Checks, clean_environment, finish, once_per_run, run_root, start
+from childproc import Checks, clean_environment, finish, once_per_run, start
 from configs import KIMI_CRASH, KIMI_LINEAR_4_LAYERS, NO_WEIGHTS, QWEN3_0_6B
 
 from vllm_staging_plugin._offline.cli import main
@@ -156,9 +156,7 @@ def _children(root: Path) -> dict[str, Any]:
 @pytest.fixture(scope="module")
 def children(tmp_path_factory: pytest.TempPathFactory, model_inspection_cache: list[str]) -> dict[str, Any]:
     root = tmp_path_factory.mktemp("cli")
-    shared: dict[str, Any] = once_per_run(
-        run_root(tmp_path_factory.getbasetemp()), "test_cli_inputs", lambda: _children(root)
-    )
+    shared: dict[str, Any] = once_per_run(tmp_path_factory, "test_cli_inputs", lambda: _children(root))
     return shared
 
 

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from childproc import clean_environment, fork_together, free_port, once_per_run, run_root
+from childproc import clean_environment, fork_together, free_port, once_per_run
 
 import vllm_staging_plugin
 
@@ -181,8 +181,7 @@ def ranks(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
     def run() -> list[dict[str, Any]]:
         return fork_together(RANK, envs, PRELOAD)
 
-    root = run_root(tmp_path_factory.getbasetemp())
-    ranks: list[dict[str, Any]] = once_per_run(root, "test_engine_footprint", run)
+    ranks: list[dict[str, Any]] = once_per_run(tmp_path_factory, "test_engine_footprint", run)
     return ranks
 
 

@@ -13,7 +13,7 @@ from importlib.metadata import entry_points
 from typing import Any
 
 import pytest
-from childproc import Checks, clean_environment, once_per_run, run_checks, run_root
+from childproc import Checks, clean_environment, once_per_run, run_checks
 
 pytest.importorskip("vllm.plugins")
 pytestmark = pytest.mark.subprocess
@@ -156,7 +156,7 @@ def child(tmp_path_factory: pytest.TempPathFactory) -> Checks:
         env = clean_environment({"PYTHONPATH": path, "RANK": "1", "PYTHONHASHSEED": SHUFFLE_SEED})
         return run_checks(START_UPS, env).to_json()
 
-    return Checks.from_json(once_per_run(run_root(tmp_path_factory.getbasetemp()), "test_subprocess", run))
+    return Checks.from_json(once_per_run(tmp_path_factory, "test_subprocess", run))
 
 
 def test_entry_point_is_installed() -> None:
