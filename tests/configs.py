@@ -36,3 +36,10 @@ KIMI_CRASH = [  # the small recover-SSM configuration: n-gram 2 tokens, 4 sequen
 K3_4_LAYERS = Path(__file__).parent / "data" / "kimi-k3-4l"  # Kimi-K3's published structure, 4 layers
 K3: dict[str, Any] = json.loads((K3_4_LAYERS / "config.json").read_text())
 ARCHITECTURES = sorted({a for c in (QWEN3_0_6B, KIMI_LINEAR_4_LAYERS, K3) for a in c["architectures"]})
+
+
+def model_folder(root: Path, config: dict[str, Any]) -> str:
+    """``root`` made a local model, a folder holding only ``config.json``; its path, for `vllm serve`."""
+    root.mkdir(parents=True, exist_ok=True)
+    (root / "config.json").write_text(json.dumps(config))
+    return str(root)

@@ -105,6 +105,12 @@ def clean_plugin_state(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
 
 
 @pytest.fixture
+def offline(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No hub: a model that is not a local folder or in the cache is refused at once."""
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+
+
+@pytest.fixture
 def plugin_log() -> Iterator[Records]:
     handler = Records()
     logger = logging.getLogger("vllm.staging_plugin")

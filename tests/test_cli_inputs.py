@@ -28,7 +28,7 @@ from typing import Any
 
 import pytest
 from childproc import Checks, clean_environment, finish, once_per_run, start
-from configs import KIMI_CRASH, KIMI_LINEAR_4_LAYERS, NO_WEIGHTS, QWEN3_0_6B
+from configs import KIMI_CRASH, KIMI_LINEAR_4_LAYERS, NO_WEIGHTS, QWEN3_0_6B, model_folder
 
 from vllm_staging_plugin._offline.cli import main
 
@@ -64,12 +64,6 @@ def one_json_object(code: int, stdout: str, stderr: str) -> dict[str, Any]:
     out: dict[str, Any] = json.loads(stdout)  # the whole of stdout is one object
     assert out["exit_code"] == code and ("error" in out) == (code >= 2)
     return out
-
-
-def folder(root: Path, config: dict[str, object]) -> Path:
-    root.mkdir(parents=True, exist_ok=True)
-    (root / "config.json").write_text(json.dumps(config))
-    return root
 
 
 OFFLINE = {"HF_HUB_OFFLINE": "1"}
@@ -120,8 +114,8 @@ def case_name(words: list[str], env: dict[str, str]) -> str:
 def _children(root: Path) -> dict[str, Any]:
     """Every child of this module, started together; what each printed and exited with."""
     (root / "config.json").write_text("{}")
-    folder(root / "qwen3", QWEN3_0_6B)  # the bad inputs' ./qwen3
-    kimi = str(folder(root / "kimi", KIMI_LINEAR_4_LAYERS))
+    model_folder(root / "qwen3", QWEN3_0_6B)  # the bad inputs' ./qwen3
+    kimi = model_folder(root / "kimi", KIMI_LINEAR_4_LAYERS)
     first_time = OFFLINE | {"VLLM_CACHE_ROOT": str(root / "empty-cache")}  # vLLM inspects the model afresh
     scripts = {
         "quiet": (["check", "--", kimi, *NO_WEIGHTS, *KIMI_CRASH], first_time),
@@ -183,7 +177,7 @@ def test_each_bad_input_is_one_line_with_its_exit_code(
 def test_an_unknown_architecture_is_one_line_not_vllms_list(tmp_path: Path, capsys: Any) -> None:
     """vLLM's refusal, met in this process (vLLM imported): one line on stderr, nothing on stdout, not
     vLLM's 11 KB list of architectures. (The first vLLM import's quietness: the console script's test.)"""
-    unknown = str(folder(tmp_path / "unknown", TINY_UNKNOWN))
+    unknown = model_folder(tmp_path / "unknown", TINY_UNKNOWN)
     with terminal_logs():
         code = main(["check", "--", unknown, *NO_WEIGHTS])
         text = capsys.readouterr()
@@ -199,7 +193,7 @@ def test_an_unknown_architecture_is_one_line_not_vllms_list(tmp_path: Path, caps
     assert out["exit_code"] == 2 and len(str(out["message"])) < 300
 
 
-@pytest.mark.usefixtures("model_inspection_cache")
+@pytest.mark.usefixtures("model_inspection_cache", "offline")
 def test_with_json_vllms_log_lines_go_to_stderr(
     tmp_path: Path, capsys: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -214,8 +208,7 @@ def test_with_json_vllms_log_lines_go_to_stderr(
         return build(args)
 
     monkeypatch.setattr(preflight, "create_engine_config", logging_build)
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    qwen3 = str(folder(tmp_path / "qwen3", QWEN3_0_6B))
+    qwen3 = model_folder(tmp_path / "qwen3", QWEN3_0_6B)
     with terminal_logs():
         code = main(["check", "--json", "--", qwen3, *NO_WEIGHTS])
         captured = capsys.readouterr()

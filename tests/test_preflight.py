@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from configs import ARCHITECTURES, K3, KIMI_CRASH, KIMI_LINEAR_4_LAYERS, NO_WEIGHTS, QWEN3_0_6B
+from configs import ARCHITECTURES, K3, KIMI_CRASH, KIMI_LINEAR_4_LAYERS, NO_WEIGHTS, QWEN3_0_6B, model_folder
 from fakes import installed, is_patched
 
 pytest.importorskip("vllm.v1.worker.gpu.cudagraph_utils")
@@ -34,17 +34,6 @@ def test_the_runs_model_cache_holds_every_architecture_the_tests_check(
     assert model_inspection_cache == ARCHITECTURES
 
 
-def model_dir(root: Path, config: dict[str, Any]) -> str:
-    root.mkdir(parents=True, exist_ok=True)
-    (root / "config.json").write_text(json.dumps(config))
-    return str(root)
-
-
-@pytest.fixture
-def offline(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-
-
 def check_json(capsys: Any, *words: str) -> tuple[int, dict[str, Any]]:
     code = main(["check", "--json", "--", *words])
     return code, json.loads(capsys.readouterr().out)  # stdout holds the one object, vLLM logs go to stderr
@@ -53,7 +42,7 @@ def check_json(capsys: Any, *words: str) -> tuple[int, dict[str, Any]]:
 @pytest.mark.usefixtures("offline")
 def test_kimi_linear_crashes_stock_in_vllms_own_order_and_boots_patched(tmp_path: Path, capsys: Any) -> None:
     code, out = check_json(
-        capsys, model_dir(tmp_path / "kimi", KIMI_LINEAR_4_LAYERS), *NO_WEIGHTS, *KIMI_CRASH
+        capsys, model_folder(tmp_path / "kimi", KIMI_LINEAR_4_LAYERS), *NO_WEIGHTS, *KIMI_CRASH
     )
     assert code == 0
     assert out["architecture"] == "KimiLinearForCausalLM" and out["use_kda_recoverssm"] is True
@@ -76,7 +65,7 @@ def test_kimi_linear_crashes_stock_in_vllms_own_order_and_boots_patched(tmp_path
 def test_the_crash_needs_recover_ssm(tmp_path: Path, capsys: Any) -> None:
     """Control: the same arguments without --use-replayssm keep PIECEWISE 16 first, and stock boots."""
     words = [w for w in KIMI_CRASH if w != "--use-replayssm"]
-    code, out = check_json(capsys, model_dir(tmp_path / "kimi", KIMI_LINEAR_4_LAYERS), *NO_WEIGHTS, *words)
+    code, out = check_json(capsys, model_folder(tmp_path / "kimi", KIMI_LINEAR_4_LAYERS), *NO_WEIGHTS, *words)
     assert code == 0 and out["use_kda_recoverssm"] is False
     assert out["sequence"]["PIECEWISE"][0] == 16 and out["capacity"] == 16
     assert out["stock"]["ok"] is True and out["identical_to_stock"] is True
@@ -84,7 +73,7 @@ def test_the_crash_needs_recover_ssm(tmp_path: Path, capsys: Any) -> None:
 
 @pytest.mark.usefixtures("offline")
 def test_qwen3_stock_boots_with_identical_buffers(tmp_path: Path, capsys: Any) -> None:
-    model = model_dir(tmp_path / "qwen3", QWEN3_0_6B)
+    model = model_folder(tmp_path / "qwen3", QWEN3_0_6B)
     assert main(["check", "--", model, *NO_WEIGHTS, "--max-num-seqs", "8"]) == 0
     text = capsys.readouterr().out
     # vLLM derives the grid itself: max size min(max_num_seqs x 2, 512) = 16
@@ -96,7 +85,7 @@ def test_qwen3_stock_boots_with_identical_buffers(tmp_path: Path, capsys: Any) -
 
 @pytest.mark.usefixtures("offline")
 def test_another_order_boots_patched(tmp_path: Path, capsys: Any) -> None:
-    model = model_dir(tmp_path / "qwen3", QWEN3_0_6B)
+    model = model_folder(tmp_path / "qwen3", QWEN3_0_6B)
     code, out = check_json(capsys, model, *NO_WEIGHTS, "--max-num-seqs", "8")
     assert code == 0
     assert (
@@ -113,7 +102,7 @@ def test_another_order_boots_patched(tmp_path: Path, capsys: Any) -> None:
 
 @pytest.mark.usefixtures("offline")
 def test_bad_serve_argument_exits_2_with_vllms_message(tmp_path: Path, capsys: Any) -> None:
-    model = model_dir(tmp_path / "qwen3", QWEN3_0_6B)
+    model = model_folder(tmp_path / "qwen3", QWEN3_0_6B)
     assert main(["check", "--", model, "--max-num-seqs", "many"]) == 2
     err = capsys.readouterr().err
     assert "vllm serve: error: argument --max-num-seqs: invalid int value: 'many'" in err
@@ -121,7 +110,7 @@ def test_bad_serve_argument_exits_2_with_vllms_message(tmp_path: Path, capsys: A
 
 @pytest.mark.usefixtures("offline")
 def test_bad_configuration_exits_2_with_vllms_message(tmp_path: Path, capsys: Any) -> None:
-    model = model_dir(tmp_path / "qwen3", QWEN3_0_6B)
+    model = model_folder(tmp_path / "qwen3", QWEN3_0_6B)
     code, out = check_json(capsys, model, *NO_WEIGHTS, "-cc", '{"cudagraph_mode": "SIDEWAYS"}')
     assert code == 2 and out["error"] == "bad arguments" and "SIDEWAYS" in out["message"]
 
@@ -144,7 +133,7 @@ def test_an_architecture_vllm_cannot_inspect_here_exits_3(
     monkeypatch.setattr(registry._LazyRegisteredModel, "inspect_model_cls", cannot_import)
     registry._try_inspect_model_cls.cache_clear()
     try:
-        code, out = check_json(capsys, model_dir(tmp_path / "qwen3", QWEN3_0_6B), *NO_WEIGHTS)
+        code, out = check_json(capsys, model_folder(tmp_path / "qwen3", QWEN3_0_6B), *NO_WEIGHTS)
     finally:
         registry._try_inspect_model_cls.cache_clear()
     assert code == 3 and out["error"] == "cannot check on this machine"
@@ -196,7 +185,7 @@ def test_an_in_process_preflight_leaves_the_process_as_it_found_it(
         vllm_staging_plugin.register()
         assert is_patched(cpu_replay.cudagraph_module().ModelCudaGraphManager)
     before = _process_state()
-    result = preflight.run([model_dir(tmp_path / "model", config), *NO_WEIGHTS, *argv])
+    result = preflight.run([model_folder(tmp_path / "model", config), *NO_WEIGHTS, *argv])
     after = _process_state()
     assert result.plugin_boots and result.platform["emulated"] is not machine.is_cuda_alike()
     assert {k: v for k, v in after.items() if k != "bindings"} == {
@@ -270,7 +259,7 @@ def test_a_question_to_vllms_missing_kernel_library_exits_3_naming_it(
         raise AttributeError("'_OpNamespace' '_C' object has no attribute 'some_new_capability_query'")
 
     monkeypatch.setattr(AsyncEngineArgs, "create_engine_config", asks_the_kernel_library)
-    code, out = check_json(capsys, model_dir(tmp_path / "qwen3", QWEN3_0_6B), *NO_WEIGHTS)
+    code, out = check_json(capsys, model_folder(tmp_path / "qwen3", QWEN3_0_6B), *NO_WEIGHTS)
     assert code == 3 and out["error"] == "cannot check on this machine"
     assert out["message"].startswith("building the configuration asks vLLM's CUDA kernel library")
     assert "some_new_capability_query" in out["message"] and "run the check on the GPU host" in out["message"]
@@ -286,7 +275,7 @@ def test_the_cutlass_capability_answers_follow_vllms_cuda_build() -> None:
 
 @pytest.mark.usefixtures("offline")
 def test_a_check_option_after_the_separator_is_pointed_back_before_it(tmp_path: Path, capsys: Any) -> None:
-    model = model_dir(tmp_path / "qwen3", QWEN3_0_6B)
+    model = model_folder(tmp_path / "qwen3", QWEN3_0_6B)
     assert main(["check", "--", model, *NO_WEIGHTS, "--order", "ascending"]) == 2
     err = capsys.readouterr().err
     assert "unrecognized arguments: --order ascending" in err

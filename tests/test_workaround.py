@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from configs import K3, NO_WEIGHTS, QWEN3_0_6B
+from configs import K3, NO_WEIGHTS, QWEN3_0_6B, model_folder
 
 pytest.importorskip("vllm.v1.worker.gpu.cudagraph_utils")
 
@@ -35,20 +35,9 @@ K3_WIDTHS = [  # 8 speculative tokens (decode_query_len 9), 48 sequences, a powe
 ]  # fmt: skip
 
 
-@pytest.fixture
-def offline(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-
-
 def check_json(capsys: Any, *words: str) -> tuple[int, dict[str, Any]]:
     code = main(["check", "--json", *words])
     return code, json.loads(capsys.readouterr().out)
-
-
-def folder(root: Path, config: dict[str, Any]) -> str:
-    root.mkdir(parents=True, exist_ok=True)
-    (root / "config.json").write_text(json.dumps(config))
-    return str(root)
 
 
 # ------------------------------------------------------------------------------ rewriting the arguments
@@ -161,7 +150,7 @@ def test_kimi_k3_at_tp8_gets_a_verified_workaround_that_boots_stock_when_passed_
 ) -> None:
     """The published Kimi-K3 structure (4 layers, MXFP4 compressed-tensors quantization kept) at the K3
     deployment widths and tensor-parallel size 8, on a machine without a GPU."""
-    model = folder(tmp_path / "kimi-k3", K3)
+    model = model_folder(tmp_path / "kimi-k3", K3)
     argv = [model, *NO_WEIGHTS, *K3_WIDTHS, "--tensor-parallel-size", "8"]
     code, out = check_json(capsys, "--", *argv)
     assert code == 0, out
@@ -189,7 +178,7 @@ def test_kimi_k3_at_tp8_gets_a_verified_workaround_that_boots_stock_when_passed_
 
 @pytest.mark.usefixtures("offline")
 def test_the_text_report_prints_the_ready_argument(tmp_path: Path, capsys: Any) -> None:
-    model = folder(tmp_path / "kimi-k3", K3)
+    model = model_folder(tmp_path / "kimi-k3", K3)
     assert main(["check", "--", model, *NO_WEIGHTS, *K3_WIDTHS]) == 0
     out = capsys.readouterr().out
     assert "without the plugin: give vLLM this grid instead of yours (1 more CUDA graph; stock vLLM " in out
@@ -199,7 +188,7 @@ def test_the_text_report_prints_the_ready_argument(tmp_path: Path, capsys: Any) 
 
 @pytest.mark.usefixtures("offline")
 def test_stock_safe_configurations_get_no_workaround(tmp_path: Path, capsys: Any) -> None:
-    code, out = check_json(capsys, "--", folder(tmp_path / "qwen3", QWEN3_0_6B), *NO_WEIGHTS)
+    code, out = check_json(capsys, "--", model_folder(tmp_path / "qwen3", QWEN3_0_6B), *NO_WEIGHTS)
     assert code == 0 and out["stock"]["ok"] and out["stock_workaround"] is None
 
 
@@ -221,7 +210,7 @@ def test_stock_safe_configurations_get_no_workaround(tmp_path: Path, capsys: Any
 def test_parallel_layouts_are_inspected_without_a_gpu(
     layout: list[str], gpus: int, stages: list[tuple[int, str]], tmp_path: Path, capsys: Any
 ) -> None:
-    code, out = check_json(capsys, "--", folder(tmp_path / "qwen3", QWEN3_0_6B), *NO_WEIGHTS, *layout)
+    code, out = check_json(capsys, "--", model_folder(tmp_path / "qwen3", QWEN3_0_6B), *NO_WEIGHTS, *layout)
     assert code == 0, out
     assert out["platform"]["gpus"] == gpus
     assert [(s["stage"], s["staged"]) for s in out["pipeline_stages"]] == stages
@@ -237,7 +226,7 @@ def test_parallel_layouts_are_inspected_without_a_gpu(
 
 @pytest.mark.usefixtures("offline")
 def test_a_layout_larger_than_the_declared_node_is_vllms_refusal(tmp_path: Path, capsys: Any) -> None:
-    model = folder(tmp_path / "qwen3", QWEN3_0_6B)
+    model = model_folder(tmp_path / "qwen3", QWEN3_0_6B)
     code, out = check_json(capsys, "--gpus", "4", "--", model, *NO_WEIGHTS, "--tensor-parallel-size", "8")
     assert code == 2 and out["error"] == "bad arguments"
     assert out["message"].startswith(
