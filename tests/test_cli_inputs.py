@@ -197,15 +197,16 @@ def test_an_unknown_architecture_is_one_line_not_vllms_list(tmp_path: Path, caps
 def test_with_json_vllms_log_lines_go_to_stderr(
     tmp_path: Path, capsys: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """stdout stays one JSON object while vLLM logs (a warning, which quiet mode keeps, logged where vLLM
-    builds the configuration); the line reaches stderr."""
+    """stdout stays one JSON object while vLLM logs (a warning, which quiet mode keeps, logged as vLLM
+    finishes building the configuration); the line reaches stderr."""
     from vllm_staging_plugin._offline import preflight
 
     build = preflight.create_engine_config
 
     def logging_build(args: Any) -> Any:
+        config = build(args)  # vLLM configures its log handler in there, if this process had none yet
         logging.getLogger("vllm.config.model").warning("a warning of vLLM's")
-        return build(args)
+        return config
 
     monkeypatch.setattr(preflight, "create_engine_config", logging_build)
     qwen3 = model_folder(tmp_path / "qwen3", QWEN3_0_6B)
