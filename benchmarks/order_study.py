@@ -30,7 +30,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the study package, however this file is run
 from study.boot import boot
 from study.models import EXECUTORS, MODELS
-from study.plan import ARMS, ORDERS
+from study.plan import ARMS, MODES, ORDERS
 from study.scheduler import run
 from study.summary import summarize
 from study.validate import validate
@@ -50,6 +50,9 @@ def main() -> int:
                    "e.g. stock@ascending,plugin@ascending,vanilla@descending,plugin@descending")  # fmt: skip
     r.add_argument("--serve-plan", default="", help="ARM@ORDER,...: `vllm serve` boots answering one request")
     r.add_argument("--serve-rounds", type=int, default=1)
+    r.add_argument("--traffic", choices=("", "join", "single"), default="",
+                   help="join: the second request arrives after the first's first token (a "
+                   "step mixing a speculative decode with a prefill); single: one request")  # fmt: skip
     r.add_argument("--tp", type=int, default=1, help="tensor_parallel_size of every boot")
     r.add_argument("--pp", type=int, default=1, help="pipeline_parallel_size of every boot")
     r.add_argument("--executor", choices=tuple(EXECUTORS), default="mp",
@@ -72,7 +75,7 @@ def main() -> int:
     r.add_argument("--fill-to", type=int, default=0, help="run only the boots missing for N per cell")
     r.add_argument("--dry-run", action="store_true", help="write the configs, print the boots that would run")
     b = sub.add_parser("boot")
-    b.add_argument("--mode", choices=("llm", "serve"), default="llm")
+    b.add_argument("--mode", choices=MODES, default="llm")
     b.add_argument("--kwargs", required=True, help="JSON of the engine keyword arguments")
     b.add_argument("--record", required=True)
     b.add_argument("--boot-timeout", type=float, default=300.0)

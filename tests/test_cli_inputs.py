@@ -239,7 +239,7 @@ def test_the_console_script_end_to_end_quietly(children: dict[str, Any]) -> None
     answer reaches the terminal: no vLLM INFO line, none of the CPU-only warnings."""
     quiet = children["quiet"]
     assert [name.rsplit("-", 1)[-1] for name in quiet["inspected"]] == ["KimiLinearForCausalLM.json"]
-    assert quiet["code"] == 0, quiet["out"][-2000:] + quiet["err"][-3000:]
+    assert quiet["code"] == 4, quiet["out"][-2000:] + quiet["err"][-3000:]  # boots, will not serve
     out = quiet["out"]
     assert "  PIECEWISE    4 descriptors, num_tokens 8, 4, 2, 1" in out
     assert "  FULL         3 descriptors, num_tokens 9, 6, 3" in out
@@ -247,12 +247,14 @@ def test_the_console_script_end_to_end_quietly(children: dict[str, Any]) -> None
     assert "  allocated by  PIECEWISE num_tokens=8" in out
     assert "  did not fit   FULL num_tokens=9 (uniform decode 3 x 3)" in out
     assert "with the plugin (order descending): boots, 9-row buffers" in out
+    assert "WARNING serving: vLLM's shared KDA layer (KimiGatedDeltaNetAttention" in out
+    assert "its kernel reads 3 index words (1 + 2 speculative tokens)" in out
     assert quiet["err"] == ""
 
 
 def test_verbose_shows_everything_else_unchanged(children: dict[str, Any]) -> None:
     loud = children["verbose"]
-    assert loud["code"] == 0 and loud["out"] == children["quiet"]["out"]
+    assert loud["code"] == 4 and loud["out"] == children["quiet"]["out"]
     assert " INFO " in loud["err"] and any(noise in loud["err"] for noise in CPU_ONLY_NOISE)
     assert loud["err"].startswith("note: messages about vllm._C and Triton are expected on a machine without")
 
@@ -265,6 +267,7 @@ def test_help_lists_every_option_and_the_exit_codes(tmp_path: Path) -> None:
                    "--hidden-size", "-v, --verbose"):  # fmt: skip
         assert option in check, option
     assert "exit codes:" in check and "3  cannot check on this machine" in check
+    assert "4  it boots with the plugin but will not serve" in check
     report = cli("report", "--help", cwd=tmp_path).stdout
     assert "every *.json file below it" in report and "exit codes:" in report
 

@@ -44,7 +44,7 @@ def test_kimi_linear_crashes_stock_in_vllms_own_order_and_boots_patched(tmp_path
     code, out = check_json(
         capsys, model_folder(tmp_path / "kimi", KIMI_LINEAR_4_LAYERS), *NO_WEIGHTS, *KIMI_CRASH
     )
-    assert code == 0
+    assert code == preflight.EXIT_WILL_NOT_SERVE == 4  # boots with the plugin; see the serve test below
     assert out["architecture"] == "KimiLinearForCausalLM" and out["use_kda_recoverssm"] is True
     assert out["decode_query_len"] == 3 and out["capture_sizes"] == [1, 2, 4, 8, 16]
     assert out["sequence"] == {"PIECEWISE": [8, 4, 2, 1], "FULL": [9, 6, 3]}
@@ -59,6 +59,47 @@ def test_kimi_linear_crashes_stock_in_vllms_own_order_and_boots_patched(tmp_path
     assert out["staging_bytes"] == 9 * 2304 * 2  # bfloat16
     assert out["vllm_version"] == "0.33.0" and out["platform"]["emulated"] is True
     assert out["identical_to_stock"] is None  # stock has nothing to compare against
+    assert out["serve"] == {
+        "checked": True,
+        "ok": False,
+        "layer": "KimiGatedDeltaNetAttention",
+        "builder": "GDNAttentionMetadataBuilder",
+        "index_columns": 1,
+        "query_length": 3,
+        "kda_layers": 3,
+        "extra_bytes_per_request_without_replayssm": 2 * 3 * (12288 * 5 * 2 + 32 * 128 * 128 * 4),
+    }  # fmt: skip  conv (3 x 32 x 128, 3 + 2) bf16 and recurrent (32, 128, 128) float32 per slot and layer
+
+
+@pytest.mark.usefixtures("offline", "kda_fixed_vllm")
+def test_on_vllm_with_the_kda_patch_the_serving_warning_is_gone(tmp_path: Path, capsys: Any) -> None:
+    code, out = check_json(
+        capsys, model_folder(tmp_path / "kimi", KIMI_LINEAR_4_LAYERS), *NO_WEIGHTS, *KIMI_CRASH
+    )
+    assert code == preflight.EXIT_BOOTS
+    assert out["serve"]["ok"] is True and (out["serve"]["index_columns"], out["serve"]["query_length"]) == (
+        3,
+        3,
+    )
+
+
+@pytest.mark.usefixtures("offline")
+def test_a_serving_check_that_cannot_be_made_is_said_not_fatal(
+    tmp_path: Path, capsys: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from vllm_staging_plugin._offline import seams
+
+    def changed(vllm_config: Any) -> None:
+        raise seams.SeamChanged("KimiDecoderLayer built no Mamba layer for KDA layer 0\nmore")
+
+    monkeypatch.setattr(seams, "kda_mixed_step", changed)
+    model = model_folder(tmp_path / "kimi", KIMI_LINEAR_4_LAYERS)
+    code, out = check_json(capsys, model, *NO_WEIGHTS, *KIMI_CRASH)
+    assert code == preflight.EXIT_BOOTS
+    said = "SeamChanged: KimiDecoderLayer built no Mamba layer for KDA layer 0"  # the first line only
+    assert out["serve"] == {"checked": False, "error": said}
+    assert main(["check", "--", model, *NO_WEIGHTS, *KIMI_CRASH]) == preflight.EXIT_BOOTS
+    assert "serving: not checked here (SeamChanged: KimiDecoderLayer" in capsys.readouterr().out
 
 
 @pytest.mark.usefixtures("offline")
@@ -67,6 +108,10 @@ def test_the_crash_needs_recover_ssm(tmp_path: Path, capsys: Any) -> None:
     words = [w for w in KIMI_CRASH if w != "--use-replayssm"]
     code, out = check_json(capsys, model_folder(tmp_path / "kimi", KIMI_LINEAR_4_LAYERS), *NO_WEIGHTS, *words)
     assert code == 0 and out["use_kda_recoverssm"] is False
+    assert out["serve"]["ok"] is True and (out["serve"]["index_columns"], out["serve"]["query_length"]) == (
+        3,
+        3,
+    )
     assert out["sequence"]["PIECEWISE"][0] == 16 and out["capacity"] == 16
     assert out["stock"]["ok"] is True and out["identical_to_stock"] is True
 

@@ -39,10 +39,25 @@
 #              with the Ray data-parallel backend (plugin under ascending; its engine core is a Ray actor),
 #              TP = number of GPUs.
 #                                                                                  about 4-5 min
+#   k3         the Kimi-K3 architecture itself (KimiK3ForConditionalGeneration, 4 layers cut to hidden 2048,
+#              dummy weights) at the K3 widths, every boot with join traffic (the second request arrives
+#              once the first has its first token: one step mixes a speculative decode with a prefill):
+#              no plugin x2 (the capture crash), plugin x3, `vllm serve` with the plugin x2 (two streamed
+#              completions, the second sent after the first's first token), no plugin on the workaround
+#              grid x2; then no plugin and plugin x1 at n-gram 4 / max_num_seqs 16 and n-gram 7 / 48.
+#              Three boots at a time on one GPU.                                    about 8-9 min
+#   kda-mech   the shared KDA layer's fault: compute-sanitizer memcheck of benchmarks/kda_replay.py (the
+#              layer's mixed-step call replayed, three index layouts); Kimi-Linear dense shape, K3 widths,
+#              workaround grid, no plugin, join traffic: arguments logged x2, the padding control x2,
+#              vLLM with upstream/kda-spec-state-slots.patch x3; then one request with a repeating prompt
+#              (n-gram drafts from the first step) without speculation, without --use-replayssm, with it
+#              (stock) and with it on the patched vLLM: the token check.            about 8-9 min
+#   k3-patched the K3 architecture at the K3 widths on vLLM with upstream/presize-staging-buffers.patch:
+#              no plugin x2, plugin x1 (its stand-down line); join traffic.          about 3-4 min
 #   decode     steady-state decode tokens/s, vanilla vs plugin under the default order, batch 1 and 64,
 #              Qwen3-0.6B on GPU 0 and Qwen3-8B on GPU 1, N=3 ABBA.                    about 5 min
 set -uo pipefail
-stage=${1:?usage: bash benchmarks/gpu/session.sh kda|kda-dense|k3-control|kda-fault|tp|pp-eagle3|parallel|decode|eagle3|ray}
+stage=${1:?usage: bash benchmarks/gpu/session.sh kda|kda-dense|k3-control|kda-fault|k3|kda-mech|k3-patched|tp|pp-eagle3|parallel|decode|eagle3|ray}
 here=$(cd "$(dirname "$0")" && pwd)
 cd "$here/../.."
 root=$(pwd)
@@ -61,12 +76,40 @@ if [[ $dry != 1 ]]; then
     || { echo "could not install the plugin into /tmp/site"; exit 4; }
 fi
 extra=(); [[ $dry == 1 ]] && extra=(--dry-run --gpus 2)
+# Patched copies of the installed vLLM for the vllm-* variants: a symlink tree of the package with the
+# patched file made real, as upstream/run-patched.sh builds it; $STUDY_PATCHED_VLLM/NAME goes first on a
+# boot's PYTHONPATH.
+export STUDY_PATCHED_VLLM=/tmp/vllm-patched
+patched_vllm() {  # NAME PATCH FILE (FILE relative to the vllm package)
+  local dir=$STUDY_PATCHED_VLLM/$1 site
+  [[ $dry == 1 || -d $dir/vllm ]] && return 0
+  site=$($py -c 'import importlib.util as u; print(u.find_spec("vllm").submodule_search_locations[0])')
+  mkdir -p "$dir" && cp -rs "$site" "$dir/vllm" && rm "$dir/vllm/$3" && cp "$site/$3" "$dir/vllm/$3"
+  rm -f "$dir/vllm/$(dirname "$3")/__pycache__/$(basename "$3" .py)".*.pyc
+  patch -d "$dir" -p1 --fuzz=0 --forward --batch --no-backup-if-mismatch < "$root/upstream/$2" \
+    || { echo "could not apply $2"; exit 5; }
+  echo "patched vLLM $1: $2"
+}
+patched_vllm presize presize-staging-buffers.patch v1/worker/gpu/cudagraph_utils.py
+patched_vllm kdafix kda-spec-state-slots.patch model_executor/layers/mamba/gdn/kimi_gdn_linear_attn.py
 
 left() { echo $((budget - SECONDS)); }
 study() {  # order_study.py run with the time left, 30 s kept for packing
   local t; t=$(left)
   if (( t < 90 )); then echo "budget: skipping study $*"; return 0; fi
   timeout "$((t - 15))" $py benchmarks/order_study.py run --out "$work" --deadline "$((t - 30))" "${extra[@]}" "$@"
+}
+memcheck() {  # compute-sanitizer memcheck of benchmarks/kda_replay.py, the three layouts at once
+  [[ $dry != 1 ]] && command -v compute-sanitizer > /dev/null || return 0
+  for layout in short padded staged; do
+    PYTORCH_NO_CUDA_MEMORY_CACHING=1 timeout 75 compute-sanitizer --tool memcheck --print-limit 12 \
+      $py "$root/benchmarks/kda_replay.py" "$layout" > "$work/memcheck-$layout.txt" 2>&1 &
+  done
+  wait
+  for layout in short padded staged; do
+    echo "memcheck $layout: $(grep -c 'Invalid __global__' "$work/memcheck-$layout.txt") invalid accesses"
+    grep -E 'ERROR SUMMARY|^\{' "$work/memcheck-$layout.txt"
+  done
 }
 asc_desc=stock@ascending,plugin@ascending,vanilla@descending,plugin@descending
 
@@ -103,6 +146,35 @@ case $stage in
     p=$k3=plugin@descending; v=$wa=vanilla@descending
     study --models "$k3,$wa,$dv" --fill-to "${FILL_TO:-3}" --concurrent 3 --per-gpu 3 --boot-timeout 420 \
           --plan "$p,$p+launch-blocking,$p+fresh-triton-cache,$p+pdl-off,$v,$v+launch-blocking,$v+pdl-off,$dv=vanilla@descending" ;;
+  k3)
+    # Each call fills what is missing: the stock crash x2, the plugin x3, serve x2, the workaround grid
+    # x2, vLLM with the staging patch x2 (and with the plugin x1: its stand-down line), the two widths x1.
+    k3=kimi-k3-4l-k3; wa=$k3-workaround; four=(--concurrent 4 --per-gpu 4 --gpu-mem 0.2 --boot-timeout 420)
+    study --models "$k3,$wa" --traffic join --fill-to 2 "${four[@]}" --serve-rounds 2 --serve-plan "$k3=plugin@descending" \
+          --plan "$k3=vanilla@descending,$k3=plugin@descending,$wa=vanilla@descending,$k3=vanilla@descending+vllm-presize"
+    study --models "$k3,kimi-k3-4l-w4s16,kimi-k3-4l-w7s48" --traffic join --fill-to 1 "${four[@]}" \
+          --plan "$k3=plugin@descending+vllm-presize,kimi-k3-4l-w4s16=vanilla@descending,kimi-k3-4l-w4s16=plugin@descending,kimi-k3-4l-w7s48=vanilla@descending,kimi-k3-4l-w7s48=plugin@descending"
+    study --models "$k3" --traffic join --fill-to 3 "${four[@]}" --plan plugin@descending ;;
+  kda-mech)
+    memcheck
+    wa=kimi-linear-4l-dense-k3-workaround; three=(--concurrent 4 --per-gpu 4 --gpu-mem 0.2 --boot-timeout 420)
+    study --models "$wa" --traffic join --fill-to 2 "${three[@]}" \
+          --plan "vanilla@descending+kda-log,vanilla@descending+kda-pad"
+    study --models "$wa" --traffic join --fill-to 3 "${three[@]}" --plan "vanilla@descending+kda-log+vllm-kdafix"
+    study --models "kimi-linear-4l-dense-k3-nospec,kimi-linear-4l-dense-k3-noreplay,$wa" --traffic single \
+          --fill-to 1 "${three[@]}" --plan "vanilla@descending,$wa=vanilla@descending+vllm-kdafix" ;;
+  last)
+    # One short call: the memcheck replay, the shared layer's mixed step without the plugin (arguments
+    # logged) and on vLLM with the KDA patch, then two more plugin boots of the K3 architecture.
+    wa=kimi-linear-4l-dense-k3-workaround; four=(--concurrent 4 --per-gpu 4 --gpu-mem 0.2 --boot-timeout 420)
+    memcheck
+    study --models "$wa" --traffic join --fill-to 2 "${four[@]}" \
+          --plan "vanilla@descending+kda-log,vanilla@descending+kda-log+vllm-kdafix"
+    study --models kimi-k3-4l-k3 --traffic join --fill-to 2 "${four[@]}" --plan plugin@descending ;;
+  k3-patched)
+    k3=kimi-k3-4l-k3; three=(--concurrent 3 --per-gpu 3 --gpu-mem 0.25 --boot-timeout 420)
+    study --models "$k3" --traffic join --fill-to 2 "${three[@]}" --plan vanilla@descending+vllm-presize
+    study --models "$k3" --traffic join --fill-to 1 "${three[@]}" --plan plugin@descending+vllm-presize ;;
   tp)
     study --models qwen3-0.6b --tp 2 --plan "$asc_desc" --fill-to 1 --serve-plan plugin@ascending ;;
   pp-eagle3)
@@ -145,13 +217,14 @@ if [[ $stage == decode ]]; then
   $py "$root/benchmarks/decode_bench.py" summarize . > summary.md 2>&1
   keep=(decode.json receipts); logs=engines; trimmed=(engines/*/engine.trim.log)
 else
-  faults=(); [[ $stage == kda-fault ]] && faults=(--faults)
+  faults=(); [[ $stage == kda-fault || $stage == kda-mech || $stage == k3* || $stage == last ]] && faults=(--faults)
   $py "$root/benchmarks/order_study.py" summarize . "${faults[@]}" > summary.md 2>&1
   keep=(boots receipts); logs=logs; trimmed=(logs/*.trim.log)
 fi
 # full engine logs while they are small (they compress about 10x; one returned file may hold 16 MiB)
 if [[ -d $logs && $(du -sm "$logs" | cut -f1) -lt 60 ]]; then keep+=("$logs"); else keep+=("${trimmed[@]}"); fi
 [[ -f ray-cluster.txt ]] && keep+=(ray-cluster.txt)
+for f in memcheck-*.txt; do [[ -f $f ]] && keep+=("$f"); done
 tar czf "$out/$stage.tar.gz" --ignore-failed-read env.txt summary.md models "${keep[@]}" 2>/dev/null
 ls -la "$out"
 echo "== $stage summary ($SECONDS s) =="

@@ -4,6 +4,7 @@ the only witness of the engine-core process, which dies with a fault; a trimmed 
 
 from __future__ import annotations
 
+import json
 import re
 from datetime import datetime
 from pathlib import Path
@@ -27,6 +28,8 @@ LOG_TIME = re.compile(r"\b(\d\d-\d\d \d\d:\d\d:\d\d)\b")  # vLLM's log prefix: M
 LOG_PREFIX = re.compile(r"^\([^)]*\)\s+[A-Z]+\s+\d\d-\d\d \d\d:\d\d:\d\d\s+\[[^\]]*\]\s?")
 GRAPH_FRAME = re.compile(r"cuda_?graph|piecewise", re.IGNORECASE)
 SHIM_LINE = "study-shim: PDL off"
+MIXED_STEP = re.compile(r"study-shim: mixed step (\{.*\}) pid")
+KDA_CALL = re.compile(r"study-shim: kda-call (\{.*\}) pid")
 
 
 def analyse_log(text: str, trimmed: Path) -> dict[str, Any]:
@@ -80,6 +83,9 @@ def analyse_fault(lines: list[str]) -> dict[str, Any]:
             {"line": i, "kernel": k, "time": t and t.strftime("%m-%d %H:%M:%S")} for i, k, t in jit
         ],
         "pdl_off_shim_lines": sum(SHIM_LINE in line for line in lines),
+        "mixed_steps": [json.loads(m[1]) for line in lines if (m := MIXED_STEP.search(line))],
+        "kda_calls": [json.loads(m[1]) for line in lines if (m := KDA_CALL.search(line))],
+        "kda_pads": sum("study-shim: kda-pad" in line for line in lines),
         "faulted": False,
     }
     at = next((i for i, line in enumerate(lines) if FAULT_LINE.search(line)), None)

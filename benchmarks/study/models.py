@@ -53,6 +53,28 @@ EAGLE3_DRAFT_06B: dict[str, Any] = {
     "draft_vocab_size": 151936, "bos_token_id": 151643, "eos_token_id": 151645, "tie_word_embeddings": False,
 }  # fmt: skip
 KIMI_LINEAR_DENSE = KIMI_LINEAR_4L | {"num_experts": None}
+
+
+def _kimi_k3_4l() -> dict[str, Any]:
+    """tests/data/kimi-k3-4l (Kimi-K3's published structure, 4 layers) cut to fit beside two other boots
+    on one GPU: hidden 2048, 32 attention and 32 KDA heads, 16 experts top-2, MoE and routed-expert hidden
+    1024, 8192 positions, no quantization_config (bf16); the vision tower projects to 2048. Kept: the
+    full-rank KDA gate (so vLLM builds Kimi-K3's own KDA layer and metadata), the MLA output gate, the
+    latent MoE and the situ activation."""
+    config = json.loads(
+        (Path(__file__).resolve().parents[2] / "tests/data/kimi-k3-4l/config.json").read_text()
+    )
+    text = config["text_config"]
+    text.pop("quantization_config")
+    text |= {"hidden_size": 2048, "num_attention_heads": 32, "num_key_value_heads": 32, "num_experts": 16,
+             "num_experts_per_token": 2, "moe_intermediate_size": 1024, "routed_expert_hidden_size": 1024,
+             "max_position_embeddings": 8192}  # fmt: skip
+    text["linear_attn_config"] = text["linear_attn_config"] | {"num_heads": 32}
+    config["vision_config"]["text_hidden_size"] = 2048
+    return config
+
+
+KIMI_K3_ARCH = _kimi_k3_4l()
 # Small recover-SSM settings: n-gram 2 tokens, --use-replayssm, max_num_seqs 4, a grid to 16.
 KIMI_SMALL: dict[str, Any] = {
     "speculative_config": {"method": "ngram", "num_speculative_tokens": 2, "prompt_lookup_max": 2,
@@ -70,6 +92,17 @@ KIMI_K3_WIDTHS: dict[str, Any] = {
     "compilation_config": {"cudagraph_capture_sizes": [*POWERS_TO_256, 512]},
 }  # fmt: skip
 KIMI_ENV = {"VLLM_KIMI_K3_GEMM_AR": "0", "VLLM_ENABLE_GEMM_RS": "0"}
+
+
+def _widths(tokens: int, max_num_seqs: int, grid: list[int]) -> dict[str, Any]:
+    """Recover-SSM settings at other widths (n-gram ``tokens``, ``max_num_seqs``, an explicit grid)."""
+    return KIMI_K3_WIDTHS | {
+        "speculative_config": KIMI_K3_WIDTHS["speculative_config"] | {"num_speculative_tokens": tokens},
+        "max_num_seqs": max_num_seqs, "compilation_config": {"cudagraph_capture_sizes": grid},
+    }  # fmt: skip
+
+
+POWERS_TO_512 = [*POWERS_TO_256, 512]
 DRAFT = "@DRAFT@"  # replaced by the draft's folder
 
 
@@ -120,6 +153,39 @@ MODELS: dict[str, ModelSpec] = {
     # The control at the small settings: vLLM's own derived grid, which stock boots (the pre-flight says
     # so on CPU): what fails after capture without the plugin at all.
     "kimi-linear-4l-dense-safe": ModelSpec(KIMI_LINEAR_DENSE, _without_grid(KIMI_SMALL), env=KIMI_ENV),
+    # The Kimi-K3 architecture itself (KimiK3ForConditionalGeneration, full-rank KDA gate: Kimi-K3's own
+    # KDA layer and metadata) at the K3 widths, with the pre-flight's workaround grid, and at two more
+    # widths from the atlas: n-gram 4, max_num_seqs 16 (cap 80, PIECEWISE 64 then FULL 65: stock crashes
+    # (64) vs (65)) and n-gram 7, max_num_seqs 48 (FULL 256 = PIECEWISE 256: stock boots).
+    "kimi-k3-4l-k3": ModelSpec(
+        KIMI_K3_ARCH, KIMI_K3_WIDTHS, env=KIMI_ENV, label="K3 arch, powers of two to 512"
+    ),
+    "kimi-k3-4l-k3-workaround": ModelSpec(
+        KIMI_K3_ARCH,
+        KIMI_K3_WIDTHS | {"compilation_config": {"cudagraph_capture_sizes": [*POWERS_TO_256, 261, 512]}},
+        env=KIMI_ENV,
+        label="K3 arch, workaround grid (+261)",
+    ),
+    "kimi-k3-4l-w4s16": ModelSpec(
+        KIMI_K3_ARCH, _widths(4, 16, POWERS_TO_512), env=KIMI_ENV, label="K3 arch, n-gram 4, max_num_seqs 16"
+    ),
+    "kimi-k3-4l-w7s48": ModelSpec(
+        KIMI_K3_ARCH, _widths(7, 48, POWERS_TO_512), env=KIMI_ENV, label="K3 arch, n-gram 7, max_num_seqs 48"
+    ),
+    # The token check of the shared KDA layer: no speculation (the reference), and n-gram 8 without
+    # --use-replayssm (one state slot per draft token, vLLM's default).
+    "kimi-linear-4l-dense-k3-nospec": ModelSpec(
+        KIMI_LINEAR_DENSE,
+        {"max_num_seqs": 48, "compilation_config": {"cudagraph_capture_sizes": POWERS_TO_512}},
+        env=KIMI_ENV,
+        label="no speculative decoding",
+    ),
+    "kimi-linear-4l-dense-k3-noreplay": ModelSpec(
+        KIMI_LINEAR_DENSE,
+        {k: v for k, v in KIMI_K3_WIDTHS.items() if k != "use_replayssm"},
+        env=KIMI_ENV,
+        label="n-gram 8 without --use-replayssm",
+    ),
     # aux_hidden_states; FULL descriptors are multiples of 3, PIECEWISE go up to 512.
     "qwen3-0.6b-eagle3": ModelSpec(
         QWEN3_06B,

@@ -14,12 +14,34 @@ ARMS: dict[str, str | None] = {"vanilla": None, "stock": "off-allow-crash", "plu
 ORDERS = ("descending", "ascending", "max-first", "shuffle:1")
 # A variant changes only the boot's environment (study.boot.variant_env), so that one configuration can be
 # booted under several debugging switches and compared with itself.
+# Variants join with "+" (``kda-log+vllm-kdafix``). The ``vllm-*`` ones put a patched copy of vLLM first on
+# PYTHONPATH (benchmarks/gpu/session.sh builds them under STUDY_PATCHED_VLLM, default /tmp/vllm-patched).
 VARIANTS: dict[str, str] = {
     "": "-",
     "launch-blocking": "CUDA_LAUNCH_BLOCKING=1",
     "fresh-triton-cache": "fresh TRITON_CACHE_DIR per boot",
     "pdl-off": "PDL off (CudaPlatform.is_arch_support_pdl returns False)",
+    "kda-log": "the shared KDA layer's mixed-step kernel arguments logged",
+    "kda-pad": "padding control: the (1, 1) index over query-length words of the request's slot",
+    "vllm-presize": "vLLM with upstream/presize-staging-buffers.patch",
+    "vllm-kdafix": "vLLM with upstream/kda-spec-state-slots.patch",
 }
+# Traffic (the mode's suffix): "" two prompts given together (vllm.LLM) or one completion (serve);
+# "join": the second request arrives once the first has its first token, so one step mixes the first
+# request's speculative decode with the second's prefill; "single": one request, 32 tokens, whose prompt
+# repeats so that n-gram drafts are proposed (the token check against a run without speculation).
+MODES = ("llm", "llm-join", "llm-single", "serve", "serve-join")
+
+
+def variant_parts(variant: str) -> list[str]:
+    """``a+b`` -> ``["a", "b"]``; every part must be a known variant."""
+    parts = [v for v in variant.split("+") if v]
+    for part in parts:
+        if part not in VARIANTS:
+            raise SystemExit(f"unknown variant {part!r}; known: {', '.join(v for v in VARIANTS if v)}")
+    return parts
+
+
 STOPPED = "stopped:"  # a boot ended by the study's own stop, not by vLLM: neither counted nor summarized
 CellKey = tuple[str, str, str, int, int, str, str, str]
 
@@ -34,7 +56,7 @@ class Cell:
     arm: str
     tp: int = 1
     pp: int = 1
-    mode: str = "llm"  # or "serve"
+    mode: str = "llm"  # one of MODES
     executor: str = "mp"  # a key of study.models.EXECUTORS
     variant: str = ""  # a key of VARIANTS
 
@@ -79,7 +101,7 @@ def parse_plan(text: str) -> list[PlanItem]:
         model, _, rest = item.rpartition("=")
         pair, _, variant = rest.partition("+")
         arm, sep, order = pair.partition("@")
-        if not sep or arm not in ARMS or not order or variant not in VARIANTS:
+        if not sep or arm not in ARMS or not order or not all(p in VARIANTS for p in variant.split("+")):
             raise SystemExit(
                 f"plan item {item!r}: want [MODEL=]ARM@ORDER[+VARIANT], ARM one of {', '.join(ARMS)}, "
                 f"VARIANT one of {', '.join(v for v in VARIANTS if v)}"
@@ -99,6 +121,9 @@ def planned_cells(args: argparse.Namespace, out: Path) -> list[Cell]:
     )
     serve = parse_plan(args.serve_plan) if args.serve_plan else []
     kw = {"tp": args.tp, "pp": args.pp, "executor": args.executor}
+    traffic = getattr(args, "traffic", "")
+    llm_mode = f"llm-{traffic}" if traffic else "llm"
+    serve_mode = "serve-join" if traffic == "join" else "serve"
 
     def pairs(items: list[PlanItem]) -> list[tuple[str, PlanItem]]:
         return [(m, p) for m in models for p in items if p.model in (None, m)]
@@ -108,13 +133,13 @@ def planned_cells(args: argparse.Namespace, out: Path) -> list[Cell]:
         done: dict[CellKey, int] = {}
         for path in (out / "boots").glob("*.json"):
             b = json.loads(path.read_text())
-            if str(b.get("error", "")).startswith(STOPPED):
-                continue  # not a measurement: run it again
+            if str(b.get("error", "")).startswith(STOPPED) or b.get("memory_profiling_interference"):
+                continue  # not a measurement (stopped, or another boot freed memory while it profiled)
             key = record_key(b)
             done[key] = done.get(key, 0) + 1
             last = max(last, int(b.get("round", 0)))
-        wanted = [(m, p, "llm", args.fill_to) for m, p in pairs(plan)]
-        wanted += [(m, p, "serve", args.serve_rounds) for m, p in pairs(serve)]
+        wanted = [(m, p, llm_mode, args.fill_to) for m, p in pairs(plan)]
+        wanted += [(m, p, serve_mode, args.serve_rounds) for m, p in pairs(serve)]
         cells = []
         for step in range(max((n for *_, n in wanted), default=0)):
             for m, p, mode, n in wanted:
@@ -123,6 +148,7 @@ def planned_cells(args: argparse.Namespace, out: Path) -> list[Cell]:
                     cells.append(cell)
         return cells
     rounds = range(args.start_round, args.start_round + args.rounds)
-    cells = [Cell(r, m, p.order, p.arm, variant=p.variant, **kw) for r in rounds for m, p in pairs(plan)]
-    return cells + [Cell(args.start_round + r, m, p.order, p.arm, mode="serve", variant=p.variant, **kw)
+    cells = [Cell(r, m, p.order, p.arm, mode=llm_mode, variant=p.variant, **kw)
+             for r in rounds for m, p in pairs(plan)]  # fmt: skip
+    return cells + [Cell(args.start_round + r, m, p.order, p.arm, mode=serve_mode, variant=p.variant, **kw)
                     for r in range(args.serve_rounds) for m, p in pairs(serve)]  # fmt: skip

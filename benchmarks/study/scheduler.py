@@ -90,10 +90,10 @@ def _place(cell: Cell, running: list[Running], n_gpus: int, per_gpu: int) -> lis
 def _start(cell: Cell, gpus: list[int], out: Path, args: argparse.Namespace) -> Running:
     receipts = out / "receipts" / cell.boot_id
     env = arm_env(cell.arm, cell.order, receipts, dict(os.environ)) | MODELS[cell.model].env
-    forced = variant_env(cell.variant, out / "scratch" / cell.boot_id, env)
+    forced = variant_env(cell.variant, out / "scratch" / cell.boot_id, env, cell.mode)
     env |= forced
     env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, gpus))
-    if cell.mode == "llm":  # lets collective_rpc ship runner_of to the workers
+    if cell.mode.startswith("llm"):  # lets collective_rpc ship runner_of to the workers
         env["VLLM_ALLOW_INSECURE_SERIALIZATION"] = "1"
     kwargs = engine_kwargs(out, cell.model, cell.tp, cell.pp, args.gpu_mem, cell.executor)
     record = out / "boots" / f"{cell.boot_id}.json"
@@ -121,7 +121,9 @@ def _finish(run: Running, out: Path, busy: set[int]) -> dict[str, Any]:
     record.update(boot_id=c.boot_id, round=c.round, model=c.model, order=c.order, arm=c.arm, tp=c.tp, pp=c.pp,
                   mode=c.mode, executor=c.executor, gpus=run.gpus, wall_seconds=round(wall, 1))  # fmt: skip
     if c.variant:  # records of plain boots stay as they were
-        record.update(variant=c.variant, forced_env=run.forced_env)
+        record["variant"] = c.variant
+    if run.forced_env:
+        record["forced_env"] = run.forced_env
     record.update(analyse_log(run.log.read_text(errors="replace"), out / "logs" / f"{c.boot_id}.trim.log"))
     receipts = sorted((out / "receipts" / c.boot_id).glob("receipt-*.json"))
     classes = sorted({str(w.get("runner_class")) for w in record.get("workers") or []})
@@ -154,7 +156,7 @@ def run(args: argparse.Namespace) -> int:
     if args.dry_run:
         for cell in cells:
             kwargs = engine_kwargs(out, cell.model, cell.tp, cell.pp, args.gpu_mem, cell.executor)
-            forced = variant_env(cell.variant, out / "scratch" / cell.boot_id, dict(os.environ))
+            forced = variant_env(cell.variant, out / "scratch" / cell.boot_id, dict(os.environ), cell.mode)
             env = f" env={json.dumps(forced, sort_keys=True)}" if forced else ""
             print("would boot", cell.boot_id, f"gpus={cell.gpus}", json.dumps(kwargs, sort_keys=True) + env)
         shutil.rmtree(out / "scratch", ignore_errors=True)

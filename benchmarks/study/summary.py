@@ -10,9 +10,9 @@ import statistics
 from pathlib import Path
 from typing import Any
 
-from study.boot import MAX_TOKENS, PROMPTS
+from study.boot import JOIN_TOKENS, MAX_TOKENS, PROMPTS, SINGLE_TOKENS
 from study.models import MODELS
-from study.plan import STOPPED, VARIANTS
+from study.plan import STOPPED
 
 
 def summarize(args: argparse.Namespace) -> int:
@@ -67,9 +67,12 @@ def _median(items: list[dict[str, Any]], key: str) -> str:
 
 
 def generated(b: dict[str, Any]) -> bool:
-    """Both prompts came back with all their tokens (a ``vllm.LLM`` boot)."""
+    """Every request came back with all its tokens (two prompts, or one with ``single`` traffic)."""
     tokens = b.get("tokens") or []
-    return bool(b.get("ok")) and len(tokens) == len(PROMPTS) and all(len(t) == MAX_TOKENS for t in tokens)
+    mode = b.get("mode", "llm")
+    want = (1, SINGLE_TOKENS) if mode.endswith("single") else (len(PROMPTS), JOIN_TOKENS if mode.endswith(
+        "join") else MAX_TOKENS)  # fmt: skip
+    return bool(b.get("ok")) and len(tokens) == want[0] and all(len(t) == want[1] for t in tokens)
 
 
 def captured(b: dict[str, Any]) -> bool:
@@ -85,12 +88,13 @@ def arm_label(b: dict[str, Any]) -> str:
 def faults(boots: list[dict[str, Any]]) -> None:
     """After capture, per arm and variant (``vllm.LLM`` boots): captured, generated, faulted,
     JIT-at-inference, where the faults were raised; then the iff check and one line per boot."""
-    llm = [b for b in boots if b.get("mode", "llm") == "llm"]
+    llm = [b for b in boots if b.get("mode", "llm").startswith("llm")]
     rows: dict[tuple[str, str], list[dict[str, Any]]] = {}
-    for b in llm:
-        rows.setdefault((arm_label(b), b.get("variant", "")), []).append(b)
-    header = ("arm", "variation", "captured/N", "both prompts generated/N", "faulted/N", "JIT-at-inference/N",
-              "JIT kernels", "fault raised in (deepest vLLM frame)", "JIT to fault s")  # fmt: skip
+    for b in boots:
+        rows.setdefault((f"{arm_label(b)} ({b.get('mode', 'llm')})", b.get("variant", "")), []).append(b)
+    header = ("arm (traffic)", "variation", "captured/N", "all requests answered/N", "faulted/N",
+              "JIT-at-inference/N", "JIT kernels", "fault raised in (deepest vLLM frame)", "JIT to fault s",
+              "mixed steps seen/N", "short KDA index calls/N")  # fmt: skip
     print("| " + " | ".join(header) + " |")
     print("|" + "---|" * len(header))
     for (arm, variant), items in rows.items():
@@ -98,10 +102,17 @@ def faults(boots: list[dict[str, Any]]) -> None:
         kernels = sorted({k for b in items for k in b.get("jit_kernels", [])})
         where = sorted({str(b.get("fault_where")) for b in items if b.get("faulted")})
         gaps = [str(b["jit_to_fault_seconds"]) for b in items if "jit_to_fault_seconds" in b]
-        print(f"| {arm} | {VARIANTS.get(variant, variant)} | {sum(map(captured, items))}/{n} | "
-              f"{sum(map(generated, items))}/{n} | {sum(bool(b.get('faulted')) for b in items)}/{n} | "
+        answered = sum(
+            generated(b) if b.get("mode", "llm").startswith("llm") else bool(b.get("ok")) for b in items
+        )
+        short = sum(
+            any(c["words_read"] > c["words_allocated"] for c in b.get("kda_calls", [])) for b in items
+        )
+        print(f"| {arm} | {variant or '-'} | {sum(map(captured, items))}/{n} | "
+              f"{answered}/{n} | {sum(bool(b.get('faulted')) for b in items)}/{n} | "
               f"{sum(bool(b.get('jit_at_inference')) for b in items)}/{n} | {', '.join(kernels) or '-'} | "
-              f"{'; '.join(where) or '-'} | {', '.join(gaps) or '-'} |")  # fmt: skip
+              f"{'; '.join(where) or '-'} | {', '.join(gaps) or '-'} | "
+              f"{sum(bool(b.get('mixed_steps')) for b in items)}/{n} | {short}/{n} |")  # fmt: skip
     print()
     for name, group in (("all", llm), ("plugin", [b for b in llm if b["arm"] == "plugin"]),
                         ("no plugin", [b for b in llm if b["arm"] == "vanilla"])):  # fmt: skip
@@ -112,6 +123,16 @@ def faults(boots: list[dict[str, Any]]) -> None:
               f"{sum(bool(b.get('jit_before_fault')) for b in faulted)}/{len(faulted)}; JIT-at-inference "
               f"boots that faulted {sum(bool(b.get('faulted')) for b in jit)}/{len(jit)}; generated without "
               f"a fault {clean}/{len(group)}")  # fmt: skip
+    single = [b for b in llm if b.get("mode") == "llm-single" and b.get("tokens")]
+    if single:
+        print()
+        ref = next((b for b in single if "nospec" in b["model"]), None)
+        for b in single:
+            t = b["tokens"][0]
+            pairs = enumerate(zip(t, ref["tokens"][0], strict=False)) if ref else iter(())
+            same = "-" if ref is None else next((i for i, (x, y) in pairs if x != y), None)
+            print(f"token check {b['boot_id']}: {len(t)} tokens; first token differing from no speculation: "
+                  f"{'none' if same is None else same}")  # fmt: skip
     print()
     print("| boot | captured | generated | fault | raised in | JIT kernels (before fault) | JIT to fault s |")
     print("|---|---|---|---|---|---|---|")

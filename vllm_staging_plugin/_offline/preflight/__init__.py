@@ -38,8 +38,12 @@ from .platform import GPUS, Gpu, node_gpus, platform_for_check, platform_json
 from .render import render
 from .result import Preflight, StageResult
 
-__all__ = ["EXIT_BAD_ARGUMENTS", "EXIT_BOOTS", "EXIT_CANNOT_CHECK_HERE", "EXIT_FAILS", "GPUS", "main", "run"]
+__all__ = [
+    "EXIT_BAD_ARGUMENTS", "EXIT_BOOTS", "EXIT_CANNOT_CHECK_HERE", "EXIT_FAILS", "EXIT_WILL_NOT_SERVE", "GPUS",
+    "main", "run",
+]  # fmt: skip
 EXIT_BOOTS, EXIT_FAILS, EXIT_BAD_ARGUMENTS, EXIT_CANNOT_CHECK_HERE = 0, 1, 2, 3
+EXIT_WILL_NOT_SERVE = 4  # boots with the plugin, then vLLM's shared KDA layer faults on a mixed step
 
 
 @contextlib.contextmanager
@@ -147,6 +151,8 @@ def run(
             for stage, stock, _ in runs:
                 plugin, _ = replay_arm(vllm_config, inputs, patched=True, stage=stage, settings=settings)
                 stages.append(StageResult(stage.index, stage.staged, stock, plugin))
+        with phases.phase("replay"):
+            kda_step, kda_step_error = _kda_step(vllm_config)
         plan = runs[-1][2]  # vLLM's own plan (the same at every stage)
         compilation = vllm_config.compilation_config
         sizes = sorted(compilation.cudagraph_capture_sizes or [])
@@ -200,7 +206,21 @@ def run(
         workaround=fix,
         seconds=phases.rounded(),
         vllm_presizes=presizes,
+        kda_step=kda_step,
+        kda_step_error=kda_step_error,
     )
+
+
+def _kda_step(vllm_config: Any) -> tuple[Any, str | None]:
+    """vLLM's shared KDA layer on a speculative decode beside a prefill (seams.kda_mixed_step); a check
+    that cannot be made here is reported, never fatal."""
+    from .. import seams
+
+    try:
+        return seams.kda_mixed_step(vllm_config), None
+    except Exception as exc:
+        first = (str(exc).strip().splitlines() or [""])[0]
+        return None, f"{type(exc).__name__}: {first}"
 
 
 def _query_lengths(vllm_config: Any) -> list[int]:
@@ -232,7 +252,7 @@ def main(
         first = (str(exc).strip().splitlines() or [""])[0]
         message = f"{type(exc).__name__}: {first}; {GPU_HOST}"
         return _fail(EXIT_CANNOT_CHECK_HERE, "cannot check on this machine", message, as_json)
-    code = EXIT_BOOTS if result.plugin_boots else EXIT_FAILS
+    code = EXIT_FAILS if not result.plugin_boots else EXIT_BOOTS if result.serves else EXIT_WILL_NOT_SERVE
     if as_json:
         print(json.dumps({**result.to_json(), "exit_code": code}, indent=1))
     else:

@@ -7,6 +7,30 @@ from ..text import describe_buffers, shorten
 from .result import Preflight
 
 
+def _serve_lines(result: Preflight) -> list[str]:
+    """Whether vLLM's shared KDA layer survives a step that mixes a speculative decode with a prefill."""
+    step = result.kda_step
+    if step is None:
+        return (
+            [] if result.kda_step_error is None else [f"serving: not checked here ({result.kda_step_error})"]
+        )
+    where = f"vLLM's shared KDA layer ({step.layer}, {step.builder})"
+    if not step.faults:
+        return [f"serving: {where} indexes a speculative decode beside a prefill with {step.index_columns} "
+                f"state columns for its {step.query_length} tokens"]  # fmt: skip
+    extra = step.extra_bytes_per_request / 1024**2
+    return [
+        "",
+        f"WARNING serving: {where} will fault (CUDA illegal memory access) on the first step that mixes a "
+        "speculative decode with a prefill",
+        f"  why   --use-replayssm leaves it {step.index_columns} state slot per request; its kernel reads "
+        f"{step.query_length} index words (1 + {step.query_length - 1} speculative tokens), past the index",
+        f"  fix   drop --use-replayssm ({step.query_length - 1} more state slots per request in its "
+        f"{step.kda_layers} KDA layers: {extra:.1f} MiB per request on each GPU), or patch vLLM with "
+        "upstream/kda-spec-state-slots.patch (same memory, --use-replayssm kept)",
+    ]
+
+
 def render(result: Preflight) -> str:
     """The human-readable report."""
     p = result.platform
@@ -54,6 +78,7 @@ def render(result: Preflight) -> str:
         why = result.plugin.error or f"buffers hold fewer than {result.capacity} rows"
         lines.append(f"with the plugin (order {result.order}): does NOT boot: {why}")
     lines.append(f"ranks: {result.ranks_replayed}")
+    lines.extend(_serve_lines(result))
     fix = result.workaround
     if fix is not None:
         lines.append("")

@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ... import __version__
+from ..seams import KdaMixedStep
 from .workaround import Workaround
 
 
@@ -54,6 +55,13 @@ class Preflight:
     workaround: Workaround | None = None
     seconds: dict[str, float] = field(default_factory=dict)
     vllm_presizes: bool = False  # the installed vLLM sizes its staging by the largest descriptor itself
+    kda_step: KdaMixedStep | None = None  # vLLM's shared KDA layer on a decode beside a prefill
+    kda_step_error: str | None = None  # why that could not be checked here
+
+    @property
+    def serves(self) -> bool:
+        """False when vLLM's shared KDA layer will fault on the first speculative decode beside a prefill."""
+        return self.kda_step is None or not self.kda_step.faults
 
     def _fits(self, arm: Arm) -> bool:
         return arm.ok and all(b["rows"] >= self.capacity for b in arm.buffers.values())
@@ -126,8 +134,24 @@ class Preflight:
                 for s in self.stages
             ],
             "stock_workaround": self.workaround.to_json() if self.workaround else None,
+            "serve": self._serve_json(),
             "notes": self.notes,
             "seconds": self.seconds,
+        }
+
+    def _serve_json(self) -> dict[str, Any] | None:
+        step = self.kda_step
+        if step is None:
+            return None if self.kda_step_error is None else {"checked": False, "error": self.kda_step_error}
+        return {
+            "checked": True,
+            "ok": not step.faults,
+            "layer": step.layer,
+            "builder": step.builder,
+            "index_columns": step.index_columns,
+            "query_length": step.query_length,
+            "kda_layers": step.kda_layers,
+            "extra_bytes_per_request_without_replayssm": step.extra_bytes_per_request,
         }
 
 

@@ -1,0 +1,188 @@
+"""The offline code's door into vLLM's private internals: each function here names the private it uses, the
+release it was read on, and what happens when vLLM changes it. Contract tests run each against the installed
+vLLM (tests/test_seams.py).
+
+A changed private makes a function here raise ``SeamChanged`` (or return "does not apply"), never a wrong
+answer: the caller reports that the check could not be made.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import math
+import sys
+from collections.abc import Iterator
+from typing import Any
+
+
+class SeamChanged(Exception):
+    """The installed vLLM no longer has a private this module relies on; the message names it."""
+
+
+@dataclasses.dataclass(frozen=True)
+class KdaMixedStep:
+    """What vLLM's shared KDA layer gets on a step that mixes one speculative decode with one prefill."""
+
+    layer: str  # the KDA layer class vLLM builds for this model
+    builder: str  # its attention-metadata builder
+    index_columns: int  # columns of the state index handed to the speculative kernel
+    query_length: int  # tokens of the speculative decode: 1 + num_speculative_tokens
+    kda_layers: int  # KDA layers of the model
+    slot_bytes: int  # one request's state in one KDA layer on one GPU (conv + recurrent)
+
+    @property
+    def faults(self) -> bool:
+        """The kernel reads one index word per query token: fewer columns means reads past the index."""
+        return self.index_columns < self.query_length
+
+    @property
+    def extra_bytes_per_request(self) -> int:
+        """What one slot per draft token costs in every KDA layer (vLLM without ``--use-replayssm``)."""
+        return (self.query_length - 1) * self.slot_bytes * self.kda_layers
+
+
+class _Built(Exception):
+    def __init__(self, cls: type) -> None:
+        super().__init__(cls.__qualname__)
+        self.cls = cls
+
+
+@contextlib.contextmanager
+def _attributes(target: Any, values: dict[str, Any]) -> Iterator[None]:
+    """``values`` set on ``target`` for the block, the old ones back after (also on error)."""
+    saved = {name: getattr(target, name) for name in values}
+    try:
+        for name, value in values.items():
+            setattr(target, name, value)
+        yield
+    finally:
+        for name, value in saved.items():
+            setattr(target, name, value)
+
+
+def model_class(vllm_config: Any) -> Any:
+    """The model class vLLM resolves for the configuration (``ModelRegistry.resolve_model_cls``, 0.18+)."""
+    from vllm.model_executor.models import ModelRegistry
+
+    model_config = vllm_config.model_config
+    cls, _ = ModelRegistry.resolve_model_cls(model_config.architectures, model_config)
+    return cls
+
+
+def kda_layer_class(vllm_config: Any) -> Any:
+    """The KDA layer class vLLM's Kimi decoder builds for this model, or None when the model has none.
+
+    Private: ``KimiDecoderLayer`` in the model class's module (``vllm/models/kimi_k3/nvidia/model.py``,
+    0.30.0-0.33.0), which picks the layer (Kimi-K3's own ``KimiK3DeltaAttention`` for a full-rank gate,
+    the shared ``KimiGatedDeltaNetAttention`` otherwise). The decoder is built for the first KDA layer with
+    every Mamba-layer class of that module replaced by a recorder, so the class it asks for is read from
+    vLLM's own choice; nothing else of the decoder is built. A module without ``KimiDecoderLayer`` (another
+    model, or a renamed decoder) gives None; a decoder that builds no Mamba layer raises SeamChanged.
+    """
+    from vllm.config import set_current_vllm_config
+    from vllm.model_executor.layers.mamba.abstract import MambaBase
+
+    text = vllm_config.model_config.hf_text_config
+    module = sys.modules[model_class(vllm_config).__module__]
+    decoder = getattr(module, "KimiDecoderLayer", None)
+    is_kda = getattr(text, "is_kda_layer", None)
+    if decoder is None or is_kda is None or not getattr(text, "linear_attn_config", None):
+        return None
+    index = next((i for i in range(text.num_hidden_layers) if is_kda(i)), None)
+    if index is None:
+        return None
+
+    def recorder(cls: type) -> type:
+        def build(*args: Any, **kwargs: Any) -> Any:
+            raise _Built(cls)
+
+        return type(cls.__name__, (), {"__new__": build})
+
+    layers = {name: recorder(obj) for name, obj in vars(module).items()
+              if isinstance(obj, type) and issubclass(obj, MambaBase)}  # fmt: skip
+    try:
+        with _attributes(module, layers), set_current_vllm_config(vllm_config):
+            decoder(text, vllm_config, prefix=f"model.layers.{index}")
+    except _Built as built:
+        return built.cls
+    raise SeamChanged(f"{module.__name__}.KimiDecoderLayer built no Mamba layer for KDA layer {index}")
+
+
+@contextlib.contextmanager
+def _host_copies() -> Iterator[None]:
+    """vLLM's host-to-device helper stages copies in pinned memory when its platform says CUDA; on this
+    CPU-only machine nothing can be pinned. Private: ``PIN_MEMORY`` of ``vllm.utils.torch_utils`` and its
+    copy in ``vllm.v1.attention.backends.utils`` (0.33.0), read at each call."""
+    import vllm.utils.torch_utils as torch_utils
+    import vllm.v1.attention.backends.utils as backend_utils
+
+    with _attributes(torch_utils, {"PIN_MEMORY": False}), _attributes(backend_utils, {"PIN_MEMORY": False}):
+        yield
+
+
+def kda_mixed_step(vllm_config: Any) -> KdaMixedStep | None:
+    """Build the installed vLLM's real KDA metadata for a step that mixes a speculative decode with a
+    prefill, on CPU, and report the state index the speculative kernel gets. None where it does not apply:
+    no speculative decoding, no Kimi KDA layer, or a layer with its own metadata (Kimi-K3's, whose
+    RecoverSSM kernels read the one slot it gives).
+
+    Privates: the layer's ``get_kv_cache_spec`` (its state slots per request; ``--use-replayssm`` gives one,
+    ``vllm/model_executor/layers/mamba/abstract.py``), ``GDNAttentionMetadataBuilder``
+    (``vllm/v1/attention/backends/gdn_attn.py``, 0.30.0-0.33.0) and its ``build`` arguments
+    ``num_accepted_tokens`` / ``num_decode_draft_tokens_cpu``; ``CommonAttentionMetadata``'s fields. A
+    builder or metadata that changes shape raises SeamChanged through the caller's error handling.
+    """
+    import torch
+    from vllm.config import set_current_vllm_config
+    from vllm.v1.attention.backend import CommonAttentionMetadata
+    from vllm.v1.attention.backends.gdn_attn import GDNAttentionMetadataBuilder
+
+    num_spec = int(vllm_config.num_speculative_tokens or 0)
+    layer_cls: Any = kda_layer_class(vllm_config) if num_spec else None
+    if layer_cls is None:
+        return None
+    model_cls = model_class(vllm_config)
+    shapes = tuple(model_cls.get_mamba_state_shape_from_config(vllm_config))
+    dtypes = tuple(model_cls.get_mamba_state_dtype_from_config(vllm_config))
+    layer = layer_cls.__new__(layer_cls)
+    torch.nn.Module.__init__(layer)
+    layer.get_state_shape = lambda: shapes  # what the built layer answers, from the model's own classmethods
+    layer.get_state_dtype = lambda: dtypes
+    builder_cls = layer.get_attn_backend().get_builder_cls()
+    if builder_cls is not GDNAttentionMetadataBuilder:
+        return None
+    with set_current_vllm_config(vllm_config):
+        spec = layer.get_kv_cache_spec(vllm_config)
+    query = 1 + num_spec
+    prefill = 12
+    blocks = math.ceil((16 + query) / spec.block_size) + 1 + spec.num_speculative_blocks
+    starts = torch.tensor([0, query, query + prefill], dtype=torch.int32)
+    seq_lens = torch.tensor([16 + query, prefill], dtype=torch.int32)
+    batch = CommonAttentionMetadata(
+        query_start_loc=starts, query_start_loc_cpu=starts.clone(), seq_lens=seq_lens, num_reqs=2,
+        num_actual_tokens=query + prefill, max_query_len=prefill, max_seq_len=16 + query,
+        block_table_tensor=torch.arange(1, 1 + 2 * blocks, dtype=torch.int32).view(2, blocks),
+        slot_mapping=torch.zeros(query + prefill, dtype=torch.int64),
+        is_prefilling=torch.tensor([False, True]), seq_lens_cpu_upper_bound=seq_lens.clone(),
+    )  # fmt: skip
+    with set_current_vllm_config(vllm_config), _host_copies():
+        builder = builder_cls(spec, ["kda-probe"], vllm_config, torch.device("cpu"))
+        metadata = builder.build(
+            0, batch, num_accepted_tokens=torch.ones(2, dtype=torch.int32),
+            num_decode_draft_tokens_cpu=torch.tensor([num_spec, -1], dtype=torch.int32),
+        )  # fmt: skip
+    index = metadata.spec_state_indices_tensor
+    if index is None or metadata.num_spec_decodes != 1 or not metadata.num_prefills:
+        raise SeamChanged(
+            f"{builder_cls.__name__}.build did not split the batch into one decode and a prefill"
+        )
+    text = vllm_config.model_config.hf_text_config
+    return KdaMixedStep(
+        layer=layer_cls.__qualname__,
+        builder=builder_cls.__qualname__,
+        index_columns=int(index.shape[1]),
+        query_length=query,
+        kda_layers=sum(bool(text.is_kda_layer(i)) for i in range(text.num_hidden_layers)),
+        slot_bytes=sum(math.prod(s) * d.itemsize for s, d in zip(shapes, dtypes, strict=True)),
+    )
