@@ -248,6 +248,7 @@ def test_the_console_script_end_to_end_quietly(children: dict[str, Any]) -> None
     assert "  did not fit   FULL num_tokens=9 (uniform decode 3 x 3)" in out
     assert "with the plugin (order descending): boots, 9-row buffers" in out
     assert "WARNING serving: vLLM's shared KDA layer (KimiGatedDeltaNetAttention" in out
+    assert "reads past its state index on every step that mixes a speculative decode with a prefill" in out
     assert "its kernel reads 3 index words (1 + 2 speculative tokens)" in out
     assert quiet["err"] == ""
 
@@ -267,7 +268,7 @@ def test_help_lists_every_option_and_the_exit_codes(tmp_path: Path) -> None:
                    "--hidden-size", "-v, --verbose"):  # fmt: skip
         assert option in check, option
     assert "exit codes:" in check and "3  cannot check on this machine" in check
-    assert "4  it boots with the plugin but will not serve" in check
+    assert "4  it boots with the plugin but will not serve correctly" in check
     report = cli("report", "--help", cwd=tmp_path).stdout
     assert "every *.json file below it" in report and "exit codes:" in report
 

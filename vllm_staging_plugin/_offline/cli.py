@@ -140,9 +140,9 @@ exit codes:
      --order or STAGING_PLUGIN_ORDER (the message names which)
   3  cannot check on this machine: vLLM cannot inspect the model or the configuration here
      (the message says what to do)
-  4  it boots with the plugin but will not serve: vLLM's shared KDA layer (Kimi-Linear) under
-     --use-replayssm faults on the first step that mixes a speculative decode with a prefill
-     (the WARNING block, or "serve": {"ok": false} with --json, says what to change)
+  4  it boots with the plugin but will not serve correctly: vLLM's shared KDA layer (Kimi-Linear)
+     under --use-replayssm reads past its state index on each step that mixes a speculative decode
+     with a prefill (the WARNING block, or "serve": {"ok": false} with --json, says what to change)
   With --json, codes 2 and 3 print one object with "error" and "message" on stdout.
 
 examples:

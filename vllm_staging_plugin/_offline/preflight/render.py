@@ -21,10 +21,11 @@ def _serve_lines(result: Preflight) -> list[str]:
     extra = step.extra_bytes_per_request / 1024**2
     return [
         "",
-        f"WARNING serving: {where} will fault (CUDA illegal memory access) on the first step that mixes a "
-        "speculative decode with a prefill",
+        f"WARNING serving: {where} reads past its state index on every step that mixes a speculative "
+        "decode with a prefill: the engine dies (CUDA illegal memory access) or another request's state "
+        "is overwritten",
         f"  why   --use-replayssm leaves it {step.index_columns} state slot per request; its kernel reads "
-        f"{step.query_length} index words (1 + {step.query_length - 1} speculative tokens), past the index",
+        f"{step.query_length} index words (1 + {step.query_length - 1} speculative tokens)",
         f"  fix   drop --use-replayssm ({step.query_length - 1} more state slots per request in its "
         f"{step.kda_layers} KDA layers: {extra:.1f} MiB per request on each GPU), or patch vLLM with "
         "upstream/kda-spec-state-slots.patch (same memory, --use-replayssm kept)",
