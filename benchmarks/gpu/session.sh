@@ -2,7 +2,7 @@
 # One GPU-machine call per stage, each planned to end within STAGE_BUDGET seconds (default 510 = 8.5 min,
 # under the 10-minute limit of one call). Run from the project root on the GPU machine after the payload
 # is staged (bash .gpu/pK/device-stage.sh for every part; the last prints READY):
-#   bash benchmarks/gpu/session.sh kda|kda-dense|k3-control|kda-fault|tp|pp-eagle3|parallel|decode|eagle3|ray
+#   bash benchmarks/gpu/session.sh kda|kda-dense|k3-control|kda-fault|k3|kda-mech|k3-patched|last|tp|...
 # It installs the plugin into /tmp/site (so vLLM finds its entry point the real way), runs the stage's
 # boots under a deadline (no boot starts unless 1.3x the median boot still fits) and an outer `timeout`,
 # packs records, receipts, trimmed logs (full logs too while small), versions and the summary into
@@ -44,8 +44,9 @@
 #              once the first has its first token: one step mixes a speculative decode with a prefill):
 #              no plugin x2 (the capture crash), plugin x3, `vllm serve` with the plugin x2 (two streamed
 #              completions, the second sent after the first's first token), no plugin on the workaround
-#              grid x2; then no plugin and plugin x1 at n-gram 4 / max_num_seqs 16 and n-gram 7 / 48.
-#              Three boots at a time on one GPU.                                    about 8-9 min
+#              grid x2, vLLM with the staging patch x2 (and with the plugin x1); then no plugin and plugin
+#              x1 at n-gram 4 / max_num_seqs 16 and n-gram 7 / 48. Four boots at a time on one GPU.
+#                                                                                      2 calls of ~9 min
 #   kda-mech   the shared KDA layer's fault: compute-sanitizer memcheck of benchmarks/kda_replay.py (the
 #              layer's mixed-step call replayed, three index layouts); Kimi-Linear dense shape, K3 widths,
 #              workaround grid, no plugin, join traffic: arguments logged x2, the padding control x2,
@@ -54,10 +55,12 @@
 #              (stock) and with it on the patched vLLM: the token check.            about 8-9 min
 #   k3-patched the K3 architecture at the K3 widths on vLLM with upstream/presize-staging-buffers.patch:
 #              no plugin x2, plugin x1 (its stand-down line); join traffic.          about 3-4 min
+#   last       one short call: the memcheck replay of kda-mech, its Kimi-Linear join arms (arguments
+#              logged; vLLM with the KDA patch) x2 each, then two plugin boots of the K3 architecture.
 #   decode     steady-state decode tokens/s, vanilla vs plugin under the default order, batch 1 and 64,
 #              Qwen3-0.6B on GPU 0 and Qwen3-8B on GPU 1, N=3 ABBA.                    about 5 min
 set -uo pipefail
-stage=${1:?usage: bash benchmarks/gpu/session.sh kda|kda-dense|k3-control|kda-fault|k3|kda-mech|k3-patched|tp|pp-eagle3|parallel|decode|eagle3|ray}
+stage=${1:?usage: bash benchmarks/gpu/session.sh kda|kda-dense|k3-control|kda-fault|k3|kda-mech|k3-patched|last|tp|pp-eagle3|parallel|decode|eagle3|ray}
 here=$(cd "$(dirname "$0")" && pwd)
 cd "$here/../.."
 root=$(pwd)

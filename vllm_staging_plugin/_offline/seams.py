@@ -80,9 +80,6 @@ def kda_layer_class(vllm_config: Any) -> Any:
     vLLM's own choice; nothing else of the decoder is built. A module without ``KimiDecoderLayer`` (another
     model, or a renamed decoder) gives None; a decoder that builds no Mamba layer raises SeamChanged.
     """
-    from vllm.config import set_current_vllm_config
-    from vllm.model_executor.layers.mamba.abstract import MambaBase
-
     text = vllm_config.model_config.hf_text_config
     module = sys.modules[model_class(vllm_config).__module__]
     decoder = getattr(module, "KimiDecoderLayer", None)
@@ -92,6 +89,8 @@ def kda_layer_class(vllm_config: Any) -> Any:
     index = next((i for i in range(text.num_hidden_layers) if is_kda(i)), None)
     if index is None:
         return None
+    from vllm.config import set_current_vllm_config
+    from vllm.model_executor.layers.mamba.abstract import MambaBase
 
     def recorder(cls: type) -> type:
         def build(*args: Any, **kwargs: Any) -> Any:
@@ -133,15 +132,14 @@ def kda_mixed_step(vllm_config: Any) -> KdaMixedStep | None:
     ``num_accepted_tokens`` / ``num_decode_draft_tokens_cpu``; ``CommonAttentionMetadata``'s fields. A
     builder or metadata that changes shape raises SeamChanged through the caller's error handling.
     """
+    num_spec = int(getattr(vllm_config.speculative_config, "num_speculative_tokens", None) or 0)
+    layer_cls: Any = kda_layer_class(vllm_config) if num_spec else None
+    if layer_cls is None:
+        return None
     import torch
     from vllm.config import set_current_vllm_config
     from vllm.v1.attention.backend import CommonAttentionMetadata
     from vllm.v1.attention.backends.gdn_attn import GDNAttentionMetadataBuilder
-
-    num_spec = int(vllm_config.num_speculative_tokens or 0)
-    layer_cls: Any = kda_layer_class(vllm_config) if num_spec else None
-    if layer_cls is None:
-        return None
     model_cls = model_class(vllm_config)
     shapes = tuple(model_cls.get_mamba_state_shape_from_config(vllm_config))
     dtypes = tuple(model_cls.get_mamba_state_dtype_from_config(vllm_config))

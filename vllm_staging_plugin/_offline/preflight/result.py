@@ -60,7 +60,8 @@ class Preflight:
 
     @property
     def serves(self) -> bool:
-        """False when vLLM's shared KDA layer will fault on the first speculative decode beside a prefill."""
+        """False when vLLM's shared KDA layer reads past its state index on a speculative decode beside a
+        prefill (the engine dies or overwrites another request's state)."""
         return self.kda_step is None or not self.kda_step.faults
 
     def _fits(self, arm: Arm) -> bool:

@@ -81,10 +81,13 @@ def _device_words(ptr: int, count: int) -> list[int] | None:
 
 def _kda(module: ModuleType, mode: str) -> None:
     import torch
+    from vllm.compilation.breakable_cudagraph import eager_break_during_capture
     from vllm.forward_context import get_forward_context
 
     cls = module.KimiGatedDeltaNetAttention
-    run: Callable[..., Any] = cls._forward
+    # vLLM's eager-break decorator records the function it wraps for graph replay: wrap inside it, so
+    # that replays of PIECEWISE graphs run the probe too, then decorate again.
+    run: Callable[..., Any] = getattr(cls._forward, "__wrapped__", cls._forward)
     seen = [0]
 
     def _forward(self: Any, *args: Any, **kwargs: Any) -> Any:
@@ -114,7 +117,7 @@ def _kda(module: ModuleType, mode: str) -> None:
                     _say(f"kda-pad {self.prefix}: (1, 1) index over {longest} words")
         return run(self, *args, **kwargs)
 
-    cls._forward = _forward
+    cls._forward = eager_break_during_capture(_forward)
     _say(f"kda probe on ({mode})")
 
 
