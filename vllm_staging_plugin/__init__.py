@@ -17,7 +17,6 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from ._engine.installer import Installer
 
-__version__ = "0.1.0"
 __all__ = ["__version__", "register", "unregister"]
 
 logger = logging.getLogger("vllm.staging_plugin")
@@ -65,3 +64,13 @@ def unregister() -> None:
     installer, _installed = _installed, None
     if installer is not None:
         installer.uninstall()
+
+
+def __getattr__(name: str) -> str:
+    """``__version__`` from the installed package's metadata (pyproject.toml is the one place it is
+    written), looked up only when asked: vLLM's processes never pay for it."""
+    if name == "__version__":
+        from importlib.metadata import version
+
+        return version("vllm-staging-plugin")
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

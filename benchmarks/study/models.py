@@ -91,6 +91,11 @@ KIMI_K3_WIDTHS: dict[str, Any] = {
     "max_num_seqs": 48,
     "compilation_config": {"cudagraph_capture_sizes": [*POWERS_TO_256, 512]},
 }  # fmt: skip
+# The pre-flight's verified workaround at the K3 widths: `check` adds 261 (the widest FULL descriptor) to
+# the grid, so PIECEWISE 261 is captured first and stock boots.
+K3_WORKAROUND = KIMI_K3_WIDTHS | {
+    "compilation_config": {"cudagraph_capture_sizes": [*POWERS_TO_256, 261, 512]}
+}
 KIMI_ENV = {"VLLM_KIMI_K3_GEMM_AR": "0", "VLLM_ENABLE_GEMM_RS": "0"}
 
 
@@ -140,10 +145,7 @@ MODELS: dict[str, ModelSpec] = {
     # The K3 widths with the pre-flight's verified workaround (`check` adds 261 to the grid: PIECEWISE 261
     # is captured first): stock boots it, so vanilla here is the control at the K3 widths.
     "kimi-linear-4l-dense-k3-workaround": ModelSpec(
-        KIMI_LINEAR_DENSE,
-        KIMI_K3_WIDTHS | {"compilation_config": {"cudagraph_capture_sizes": [*POWERS_TO_256, 261, 512]}},
-        env=KIMI_ENV,
-        label="workaround grid (+261)",
+        KIMI_LINEAR_DENSE, K3_WORKAROUND, env=KIMI_ENV, label="workaround grid (+261)"
     ),
     # The K3 widths with no grid given (no -cc): vLLM derives its own capture sizes; the second control
     # at the K3 widths without the plugin.
@@ -161,10 +163,7 @@ MODELS: dict[str, ModelSpec] = {
         KIMI_K3_ARCH, KIMI_K3_WIDTHS, env=KIMI_ENV, label="K3 arch, powers of two to 512"
     ),
     "kimi-k3-4l-k3-workaround": ModelSpec(
-        KIMI_K3_ARCH,
-        KIMI_K3_WIDTHS | {"compilation_config": {"cudagraph_capture_sizes": [*POWERS_TO_256, 261, 512]}},
-        env=KIMI_ENV,
-        label="K3 arch, workaround grid (+261)",
+        KIMI_K3_ARCH, K3_WORKAROUND, env=KIMI_ENV, label="K3 arch, workaround grid (+261)"
     ),
     "kimi-k3-4l-w4s16": ModelSpec(
         KIMI_K3_ARCH, _widths(4, 16, POWERS_TO_512), env=KIMI_ENV, label="K3 arch, n-gram 4, max_num_seqs 16"

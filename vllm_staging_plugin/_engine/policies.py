@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 import random
 from collections import Counter
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from importlib.metadata import EntryPoint, entry_points
 from typing import Any
 
@@ -204,6 +204,3 @@ def _loaded(found: Iterable[EntryPoint], strict: bool) -> list[tuple[str, object
                 entry_point.name, entry_point.value, exc,
             )  # fmt: skip
     return loaded
-
-
-Reorder = Callable[[list[Any]], list[Any]]

@@ -14,6 +14,7 @@ from .. import __version__
 from .._engine.settings import DEFAULT_ORDER, ConfigError, Settings, read_settings
 from .preflight import GPUS
 from .quiet import quiet_logs
+from .scoped import attributes
 from .text import describe_buffers, shorten
 
 # The main job shows a crash and its fix; the pre-flight (`check -- ARGS`) defaults to vLLM's own order.
@@ -285,13 +286,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not words or (words[0].startswith("-") and words[0] not in ("-h", "--help", "--version")):
         words.insert(0, "check")  # the default command takes its options without naming it
     parser = build_parser()
-    _Parser.json_errors = "--json" in words
     try:
-        return _run(parser, words, serve_args)
+        with attributes(_Parser, {"json_errors": "--json" in words}):
+            return _run(parser, words, serve_args)
     except SystemExit as exc:  # argparse's refusals and --help, as exit codes
         return exc.code if isinstance(exc.code, int) else 2
-    finally:
-        _Parser.json_errors = False
 
 
 def _run(parser: argparse.ArgumentParser, words: list[str], serve_args: list[str] | None) -> int:

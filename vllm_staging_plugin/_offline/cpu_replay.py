@@ -22,6 +22,7 @@ from .._engine.patch import ManagerPatch
 from .._engine.settings import Settings
 from .._engine.staging import staging_buffer_bytes, staging_tensors
 from .._engine.wrapping import ClassWrap
+from .scoped import attributes
 
 PATCHED = Settings(strict=True)
 """The patched arm's settings unless a tool passes its own: vLLM's order, pre-sizing on, strict (a plugin
@@ -244,20 +245,10 @@ def cpu_stubs(cfg: ReplayConfig) -> Iterator[types.ModuleType]:
             (cu, name, lambda *a, **k: None) for name in ("set_dcp_capture_context",) if hasattr(cu, name)
         ]
         replacements.append((cu, "InputBatch", types.SimpleNamespace(make_dummy=lambda *a, **k: None)))
-    saved = [(obj, name, obj.__dict__.get(name, _MISSING)) for obj, name, _ in replacements]
-    try:
+    with contextlib.ExitStack() as stack:
         for obj, name, value in replacements:
-            setattr(obj, name, value)
+            stack.enter_context(attributes(obj, {name: value}))
         yield cu
-    finally:
-        for obj, name, old in saved:
-            if old is _MISSING:
-                delattr(obj, name)
-            else:
-                setattr(obj, name, old)
-
-
-_MISSING = object()
 
 
 class _FakeUbatchRunner:

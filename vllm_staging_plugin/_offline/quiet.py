@@ -14,6 +14,8 @@ import os
 import sys
 from collections.abc import Iterator
 
+from .scoped import items
+
 LEVEL_VARIABLE = "VLLM_LOGGING_LEVEL"
 # (logger, start of the message): what vLLM 0.33.0 and torch log on a CPU-only machine, whatever is checked
 _NO_TRITON_KERNELS = "Failed to import Triton kernels"
@@ -49,21 +51,15 @@ def quiet_logs(verbose: bool) -> Iterator[None]:
         print(EXPLAINED, file=sys.stderr)
         yield
         return
-    set_variable = LEVEL_VARIABLE not in os.environ
-    if set_variable:
-        os.environ[LEVEL_VARIABLE] = "WARNING"
-    vllm_logger = logging.getLogger("vllm")
-    level = vllm_logger.level
-    if "vllm" in sys.modules and set_variable:  # configured already (in-process callers): lower it here
-        vllm_logger.setLevel(logging.WARNING)
-    filters = [(logging.getLogger(name), _DropCpuOnly(prefix)) for name, prefix in CPU_ONLY]
-    for logger, dropped in filters:
-        logger.addFilter(dropped)
-    try:
+    with contextlib.ExitStack() as stack:
+        if LEVEL_VARIABLE not in os.environ:  # the operator's own level is kept
+            stack.enter_context(items(os.environ, {LEVEL_VARIABLE: "WARNING"}))
+            if "vllm" in sys.modules:  # configured already (in-process callers): lower it here
+                vllm_logger = logging.getLogger("vllm")
+                stack.callback(vllm_logger.setLevel, vllm_logger.level)
+                vllm_logger.setLevel(logging.WARNING)
+        for name, prefix in CPU_ONLY:
+            logger, dropped = logging.getLogger(name), _DropCpuOnly(prefix)
+            logger.addFilter(dropped)
+            stack.callback(logger.removeFilter, dropped)
         yield
-    finally:
-        for logger, dropped in filters:
-            logger.removeFilter(dropped)
-        if set_variable:
-            os.environ.pop(LEVEL_VARIABLE, None)
-            vllm_logger.setLevel(level)

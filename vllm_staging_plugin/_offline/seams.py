@@ -15,6 +15,8 @@ import sys
 from collections.abc import Iterator
 from typing import Any
 
+from .scoped import attributes
+
 
 class SeamChanged(Exception):
     """The installed vLLM no longer has a private this module relies on; the message names it."""
@@ -46,19 +48,6 @@ class _Built(Exception):
     def __init__(self, cls: type) -> None:
         super().__init__(cls.__qualname__)
         self.cls = cls
-
-
-@contextlib.contextmanager
-def _attributes(target: Any, values: dict[str, Any]) -> Iterator[None]:
-    """``values`` set on ``target`` for the block, the old ones back after (also on error)."""
-    saved = {name: getattr(target, name) for name in values}
-    try:
-        for name, value in values.items():
-            setattr(target, name, value)
-        yield
-    finally:
-        for name, value in saved.items():
-            setattr(target, name, value)
 
 
 def model_class(vllm_config: Any) -> Any:
@@ -101,7 +90,7 @@ def kda_layer_class(vllm_config: Any) -> Any:
     layers = {name: recorder(obj) for name, obj in vars(module).items()
               if isinstance(obj, type) and issubclass(obj, MambaBase)}  # fmt: skip
     try:
-        with _attributes(module, layers), set_current_vllm_config(vllm_config):
+        with attributes(module, layers), set_current_vllm_config(vllm_config):
             decoder(text, vllm_config, prefix=f"model.layers.{index}")
     except _Built as built:
         return built.cls
@@ -116,7 +105,7 @@ def _host_copies() -> Iterator[None]:
     import vllm.utils.torch_utils as torch_utils
     import vllm.v1.attention.backends.utils as backend_utils
 
-    with _attributes(torch_utils, {"PIN_MEMORY": False}), _attributes(backend_utils, {"PIN_MEMORY": False}):
+    with attributes(torch_utils, {"PIN_MEMORY": False}), attributes(backend_utils, {"PIN_MEMORY": False}):
         yield
 
 
@@ -140,6 +129,7 @@ def kda_mixed_step(vllm_config: Any) -> KdaMixedStep | None:
     from vllm.config import set_current_vllm_config
     from vllm.v1.attention.backend import CommonAttentionMetadata
     from vllm.v1.attention.backends.gdn_attn import GDNAttentionMetadataBuilder
+
     model_cls = model_class(vllm_config)
     shapes = tuple(model_cls.get_mamba_state_shape_from_config(vllm_config))
     dtypes = tuple(model_cls.get_mamba_state_dtype_from_config(vllm_config))

@@ -8,6 +8,14 @@ from typing import Any
 MIB = 1024 * 1024
 
 
+def first_line(text: str) -> str:
+    """The first line of an error that says something: blank lines and pydantic's own header and link
+    lines are skipped (``1 validation error for ...``, ``For further information visit ...``)."""
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    useful = [line for line in lines if "validation error" not in line and "errors.pydantic" not in line]
+    return (useful or lines or [text.strip()])[0]
+
+
 def shorten(values: Sequence[int], keep: int = 5) -> str:
     """``1, 2, 4`` in full up to ``2 * keep + 2`` values, else the first and last ``keep`` around ``...``."""
     if len(values) <= 2 * keep + 2:

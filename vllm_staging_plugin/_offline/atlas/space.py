@@ -12,6 +12,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from ..scoped import attributes
+
 if TYPE_CHECKING:
     from vllm_staging_plugin._offline.cpu_replay import ReplayConfig
 
@@ -98,19 +100,9 @@ def platform_ceiling(ceiling: int) -> Iterator[None]:
         return
     from vllm.platforms import current_platform
 
-    cls = type(current_platform)
-    saved = cls.__dict__.get("is_device_capability_family", _MISSING)
-    cls.is_device_capability_family = classmethod(lambda _, capability, device_id=0: capability // 10 == 10)
-    try:
+    family = classmethod(lambda _, capability, device_id=0: capability // 10 == 10)
+    with attributes(type(current_platform), {"is_device_capability_family": family}):
         yield
-    finally:
-        if saved is _MISSING:
-            delattr(cls, "is_device_capability_family")
-        else:
-            cls.is_device_capability_family = saved
-
-
-_MISSING = object()
 
 
 def settings(search: Search, feats: dict[str, bool], skipped: list[str]) -> Iterator[Setting]:

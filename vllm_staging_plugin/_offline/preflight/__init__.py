@@ -20,6 +20,7 @@ from typing import Any
 
 from ... import __version__
 from ..._engine.settings import ENV_ORDER
+from ..text import first_line
 from . import workaround
 from .configure import (
     GPU_HOST,
@@ -219,8 +220,7 @@ def _kda_step(vllm_config: Any) -> tuple[Any, str | None]:
     try:
         return seams.kda_mixed_step(vllm_config), None
     except Exception as exc:
-        first = (str(exc).strip().splitlines() or [""])[0]
-        return None, f"{type(exc).__name__}: {first}"
+        return None, f"{type(exc).__name__}: {first_line(str(exc))}"
 
 
 def _query_lengths(vllm_config: Any) -> list[int]:
@@ -249,8 +249,7 @@ def main(
     except CannotCheckHere as exc:
         return _fail(EXIT_CANNOT_CHECK_HERE, "cannot check on this machine", str(exc), as_json)
     except Exception as exc:  # anything else vLLM raises while inspecting: one line, never a traceback
-        first = (str(exc).strip().splitlines() or [""])[0]
-        message = f"{type(exc).__name__}: {first}; {GPU_HOST}"
+        message = f"{type(exc).__name__}: {first_line(str(exc))}; {GPU_HOST}"
         return _fail(EXIT_CANNOT_CHECK_HERE, "cannot check on this machine", message, as_json)
     code = EXIT_FAILS if not result.plugin_boots else EXIT_BOOTS if result.serves else EXIT_WILL_NOT_SERVE
     if as_json:

@@ -12,6 +12,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..text import first_line
+
 GPU_HOST = "run the check on the GPU host, where vLLM's own CUDA platform answers"
 
 
@@ -194,11 +196,11 @@ def create_engine_config(args: argparse.Namespace) -> Any:
         if "'_OpNamespace'" in text:  # a query of vLLM's CUDA kernel library (torch.ops._C), absent here
             raise CannotCheckHere(
                 f"building the configuration asks vLLM's CUDA kernel library, which this machine does not "
-                f"have ({_first_line(text)}); {GPU_HOST}"
+                f"have ({first_line(text)}); {GPU_HOST}"
             ) from exc
         if "failed to be inspected" in text:
             raise CannotCheckHere(
-                f"vLLM cannot inspect the model class on this machine ({_first_line(text)}); {GPU_HOST}"
+                f"vLLM cannot inspect the model class on this machine ({first_line(text)}); {GPU_HOST}"
             ) from exc
         if "are not supported for now" in text:  # vLLM appends its 11 KB list of architectures
             raise BadArguments(
@@ -223,12 +225,6 @@ def _vllm_version() -> str:
     from ..._engine import compat
 
     return compat.installed_versions()["vllm"] or "?"
-
-
-def _first_line(text: str) -> str:
-    lines = [line.strip() for line in text.splitlines() if line.strip()]
-    useful = [line for line in lines if "validation error" not in line and "errors.pydantic" not in line]
-    return (useful or lines or [text])[0]
 
 
 @dataclass

@@ -15,6 +15,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from ..scoped import attributes
 from ..text import MIB
 
 
@@ -164,14 +165,8 @@ def _kernel_queries_answered() -> Iterator[None]:
 
     answers = {name: fn for name, fn in _kernel_queries().items()
                if not hasattr(torch.ops._C, name) and hasattr(ops, name)}  # fmt: skip
-    saved = {name: getattr(ops, name) for name in answers}
-    try:
-        for name, fn in answers.items():
-            setattr(ops, name, fn)
+    with attributes(ops, answers):
         yield
-    finally:
-        for name, fn in saved.items():
-            setattr(ops, name, fn)
 
 
 @contextlib.contextmanager
@@ -193,22 +188,17 @@ def platform_for_check(gpu: Gpu) -> Iterator[tuple[Any, bool]]:
     emulated = emulated_platform(gpu)
     import vllm.config.vllm as config_module
 
-    had_triton = config_module.HAS_TRITON
-    bound = "current_platform" in vars(vllm.platforms)  # else vLLM resolves it lazily (module __getattr__)
-    vllm.platforms.current_platform = emulated
-    config_module.HAS_TRITON = True
+    # vllm.platforms binds current_platform only once resolved (else its module __getattr__ resolves it
+    # lazily): attributes() puts back exactly that, bound or not
     try:
-        for module in list(sys.modules.values()):
-            if _binds(module, machine):
-                setattr(module, "current_platform", emulated)  # noqa: B010
-        with _kernel_queries_answered():
-            yield emulated, True
+        with attributes(vllm.platforms, {"current_platform": emulated}), \
+                attributes(config_module, {"HAS_TRITON": True}):  # fmt: skip
+            for module in list(sys.modules.values()):
+                if _binds(module, machine):
+                    setattr(module, "current_platform", emulated)  # noqa: B010
+            with _kernel_queries_answered():
+                yield emulated, True
     finally:
-        if bound:
-            vllm.platforms.current_platform = machine
-        else:
-            del vllm.platforms.current_platform
-        config_module.HAS_TRITON = had_triton
         for module in list(sys.modules.values()):  # also modules first imported during the check
             if _binds(module, emulated):
                 setattr(module, "current_platform", machine)  # noqa: B010

@@ -17,6 +17,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..text import first_line
+
 # What one verification returns: stock booted, vLLM's capture plan, and the grid vLLM ended up with.
 StockCheck = Callable[[Sequence[str]], tuple[bool, dict[str, list[int]], list[int]]]
 ATTEMPTS = 8
@@ -102,7 +104,12 @@ def _verify(
     try:
         ok, current, used = stock_check(words)
     except Exception as exc:  # vLLM refused the new grid: say so, verified stays false
-        return False, {}, words, f"vLLM refused the changed grid: {type(exc).__name__}: {_first_line(exc)}"
+        return (
+            False,
+            {},
+            words,
+            f"vLLM refused the changed grid: {type(exc).__name__}: {first_line(str(exc))}",
+        )
     if used != grid:
         return False, current, words, f"vLLM did not take the grid as given (it used {used})"
     return ok, current, words, None
@@ -205,7 +212,3 @@ def _json_object(text: str) -> dict[str, Any] | None:
     except ValueError:
         return None
     return value if isinstance(value, dict) else None
-
-
-def _first_line(exc: Exception) -> str:
-    return (str(exc).strip().splitlines() or [""])[0]
