@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from vllm_staging_plugin._engine.import_hook import PostImportHook, pending, remove_hooks, when_imported
+from vllm_staging_plugin._engine.import_hook import PostImportHook, when_imported
 
 MISSING = "hookpkg.missing"
 
@@ -27,8 +27,8 @@ def package(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
     (pkg / "target.py").write_text("VALUE = 41\n\ndef answer():\n    return VALUE + 1\n")
     monkeypatch.syspath_prepend(str(tmp_path))
     yield "hookpkg.target"
-    for name in ("hookpkg.target", MISSING):
-        remove_hooks(name)
+    for hook in [f for f in sys.meta_path if isinstance(f, PostImportHook)]:
+        hook.remove()
     for name in ("hookpkg.target", "hookpkg"):
         sys.modules.pop(name, None)
 
@@ -45,12 +45,11 @@ def test_callback_runs_once_after_the_module_body(package: str) -> None:
         module.VALUE = 1
 
     hook = when_imported(package, callback)
-    assert when_imported(package, callback) is hook  # a second register() does not add a second hook
-    assert hooked() == [package] and pending(package) is hook
+    assert hook is not None and hooked() == [package] and sys.meta_path[0] is hook
     import hookpkg.target as target
 
     assert seen == [41] and target.answer() == 2
-    assert hooked() == [] and pending(package) is None  # it left sys.meta_path when it fired
+    assert hooked() == []  # it left sys.meta_path when it fired
     assert "return VALUE + 1" in inspect.getsource(target.answer)  # loader delegation keeps inspect working
 
 
@@ -121,6 +120,28 @@ def test_the_hook_goes_ahead_of_finders_already_installed(
 
 def test_removing_one_hook_keeps_the_others(package: str) -> None:
     when_imported(package, lambda m: None)
-    when_imported(MISSING, lambda m: None)
-    remove_hooks(MISSING)
+    hook = when_imported(MISSING, lambda m: None)
+    assert hook is not None
+    hook.remove()
+    hook.remove()  # twice: nothing more goes
     assert hooked() == [package]
+
+
+def test_two_callers_hooks_for_one_module_both_fire_once(package: str) -> None:
+    """Each caller owns its hook: the second does not replace or reuse the first, and both run."""
+    seen: list[str] = []
+    first = when_imported(package, lambda m: seen.append("first"))
+    second = when_imported(package, lambda m: seen.append("second"))
+    assert first is not None and second is not None and first is not second
+    importlib.import_module(package)
+    assert sorted(seen) == ["first", "second"] and hooked() == []
+
+
+def test_a_removed_hook_does_not_fire_and_the_other_still_does(package: str) -> None:
+    seen: list[str] = []
+    first = when_imported(package, lambda m: seen.append("first"))
+    second = when_imported(package, lambda m: seen.append("second"))
+    assert first is not None and second is not None
+    second.remove()
+    importlib.import_module(package)
+    assert seen == ["first"]

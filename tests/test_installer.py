@@ -43,8 +43,10 @@ def test_register_waits_for_vllms_import_instead_of_importing(pending_modules: N
     """In-process half of the proof (torch and vLLM are loaded here already; the subprocess test
     ``test_register_is_import_light`` shows neither is imported): the module is not imported by register()."""
     vllm_staging_plugin.register()  # only installs the import hooks
+    vllm_staging_plugin.register()  # a second register() adds none
     assert compat.CUDAGRAPH_MODULE not in sys.modules and V1_RUNNER_MODULE not in sys.modules
-    assert compat.CUDAGRAPH_MODULE in plugin_hooks() and installed().patch is None
+    assert sorted(plugin_hooks()) == sorted([compat.CUDAGRAPH_MODULE, V1_RUNNER_MODULE])
+    assert installed().patch is None
 
 
 def test_register_then_unregister_leaves_the_process_as_it_was(
@@ -151,6 +153,41 @@ def test_install_and_uninstall_own_exactly_their_hooks(monkeypatch: pytest.Monke
     fresh.install()
     assert sorted(plugin_hooks()) == ["no_such_pkg.cudagraph_utils", "no_such_pkg.gpu_model_runner"]
     fresh.uninstall()
+    assert plugin_hooks() == []
+
+
+def test_two_installers_in_one_process_keep_to_their_own_hooks(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A second installer adds hooks of its own; its uninstall removes exactly those, and the first one's
+    still fire."""
+    from vllm_staging_plugin._engine import installer
+
+    monkeypatch.setattr(installer, "CUDAGRAPH_MODULE", "no_such_pkg.cudagraph_utils")
+    monkeypatch.setattr(installer, "V1_RUNNER_MODULE", "no_such_pkg.gpu_model_runner")
+    first, second = Installer(Settings()), Installer(Settings())
+    first.install()
+    mine = [f for f in sys.meta_path if isinstance(f, PostImportHook)]
+    second.install()
+    assert len(plugin_hooks()) == 4
+    second.uninstall()
+    assert [f for f in sys.meta_path if isinstance(f, PostImportHook)] == mine and first.installed
+    first.uninstall()
+    assert plugin_hooks() == []
+
+
+def test_a_runner_removes_its_installers_hook_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    from vllm_staging_plugin._engine import installer
+
+    monkeypatch.setattr(installer, "CUDAGRAPH_MODULE", "no_such_pkg.cudagraph_utils")
+    monkeypatch.setattr(installer, "V1_RUNNER_MODULE", "no_such_pkg.gpu_model_runner")
+    first, second = Installer(Settings()), Installer(Settings())
+    first.install()
+    second.install()
+    second._v1_runner_built()  # that worker builds no manager: its own patch hook goes
+    second._v2_manager_built()  # ... and, for the test, its own V1 hook too
+    assert sorted(plugin_hooks()) == ["no_such_pkg.cudagraph_utils", "no_such_pkg.gpu_model_runner"]
+    assert all(hook in first._hooks.values() for hook in sys.meta_path if isinstance(hook, PostImportHook))
+    first.uninstall()
+    second.uninstall()
     assert plugin_hooks() == []
 
 

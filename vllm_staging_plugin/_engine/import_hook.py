@@ -68,28 +68,17 @@ class PostImportHook(importlib.abc.MetaPathFinder):
         sys.meta_path[:] = [f for f in sys.meta_path if f is not self]
 
 
-def pending(fullname: str) -> PostImportHook | None:
-    """The hook waiting for ``fullname``, if any."""
-    return next((f for f in sys.meta_path if isinstance(f, PostImportHook) and f.fullname == fullname), None)
-
-
 def when_imported(fullname: str, callback: Callback) -> PostImportHook | None:
     """Call ``callback(module)`` now if ``fullname`` is imported, else right after its import.
 
-    Returns the hook left waiting (None when the callback already ran); one hook per module name.
+    Returns the hook left waiting (None when the callback already ran). It belongs to the caller, who
+    removes it (``remove()``) if it should not fire; hooks of several callers for one module all fire,
+    each wrapping the loader the next one found.
     """
     module = sys.modules.get(fullname)
     if module is not None:
         callback(module)
         return None
-    hook = pending(fullname)
-    if hook is None:
-        hook = PostImportHook(fullname, callback)
-        sys.meta_path.insert(0, hook)
+    hook = PostImportHook(fullname, callback)
+    sys.meta_path.insert(0, hook)
     return hook
-
-
-def remove_hooks(fullname: str) -> None:
-    sys.meta_path[:] = [
-        f for f in sys.meta_path if not (isinstance(f, PostImportHook) and f.fullname == fullname)
-    ]

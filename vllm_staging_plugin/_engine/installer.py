@@ -16,7 +16,7 @@ from types import ModuleType
 from typing import TYPE_CHECKING
 
 from .compat import CUDAGRAPH_MODULE
-from .import_hook import pending, remove_hooks, when_imported
+from .import_hook import PostImportHook, when_imported
 from .runner_guard import V1_RUNNER_MODULE, RunnerGuard
 from .settings import DEFAULT_ORDER, ENV_ORDER, Settings
 
@@ -48,6 +48,7 @@ class Installer:
         self.patch: ManagerPatch | None = None  # built when vLLM imports cudagraph_utils (it imports torch)
         self.installed = False
         self._ray_before: tuple[str | None] | None = None  # (previous value,) once we changed the variable
+        self._hooks: dict[str, PostImportHook] = {}  # this installer's own, by module name, until removed
 
     def install(self) -> None:
         """Arrange for the patch; imports neither torch nor vLLM. Disabled: only the Ray variable."""
@@ -64,8 +65,13 @@ class Installer:
                     self.settings.order,
                 )
             return
-        when_imported(CUDAGRAPH_MODULE, self._on_cudagraph_module)
-        when_imported(V1_RUNNER_MODULE, self.guard.install)
+        for name, callback in (
+            (CUDAGRAPH_MODULE, self._on_cudagraph_module),
+            (V1_RUNNER_MODULE, self.guard.install),
+        ):
+            hook = when_imported(name, callback)
+            if hook is not None:
+                self._hooks[name] = hook
 
     def uninstall(self) -> None:
         """Undo :meth:`install`: hooks, the plugin's own wrappers and the Ray variable.
@@ -73,8 +79,8 @@ class Installer:
         A wrapper another tool put on top of the plugin's is left in place with one warning; the plugin's
         inside it then passes every call straight to vLLM. Built managers keep their state.
         """
-        remove_hooks(CUDAGRAPH_MODULE)
-        remove_hooks(V1_RUNNER_MODULE)
+        for name in list(self._hooks):
+            self._remove_hook(name)
         foreign = [*(self.patch.uninstall() if self.patch else []), *self.guard.uninstall()]
         if foreign:
             names = " and ".join(foreign)
@@ -95,18 +101,20 @@ class Installer:
             self.patch = ManagerPatch(self.settings, self.policies, on_manager_built=self._v2_manager_built)
         self.patch.install(module)
 
-    def _v2_manager_built(self) -> None:
-        """This worker runs Model Runner V2: the V1 guard has nothing to do."""
-        hook = pending(V1_RUNNER_MODULE)
+    def _remove_hook(self, name: str) -> None:
+        """Take this installer's hook for ``name`` off ``sys.meta_path`` (fired ones already left)."""
+        hook = self._hooks.pop(name, None)
         if hook is not None:
             hook.remove()
+
+    def _v2_manager_built(self) -> None:
+        """This worker runs Model Runner V2: the V1 guard has nothing to do."""
+        self._remove_hook(V1_RUNNER_MODULE)
         self.guard.uninstall()
 
     def _v1_runner_built(self) -> None:
         """No manager will be built in this worker: the patch's import hook goes."""
-        hook = pending(CUDAGRAPH_MODULE)
-        if hook is not None:
-            hook.remove()
+        self._remove_hook(CUDAGRAPH_MODULE)
 
     # -- Ray ------------------------------------------------------------------------------------------
 
