@@ -87,3 +87,57 @@ def test_on_vllm_with_the_kda_patch_the_index_covers_the_query(kimi_linear: str)
     step = seams.kda_mixed_step(vllm_config(kimi_linear, "--use-replayssm", *NGRAM_8))
     assert step is not None and step.layer == "KimiGatedDeltaNetAttention"
     assert (step.index_columns, step.query_length) == (9, 9) and not step.faults
+
+
+def test_the_derived_grid_is_vllms_own_and_carries_its_decode_sizes() -> None:
+    """vLLM's ``_set_cudagraph_sizes`` on a config with no explicit sizes: the default steps, and with
+    speculative decoding the uniform-decode sizes (multiples of 1 + tokens) appended (0.33.0)."""
+    from vllm_staging_plugin._offline import cpu_replay
+
+    plain = cpu_replay.derived_capture_sizes(max_num_seqs=256)
+    assert plain[:4] == [1, 2, 4, 8] and plain[-1] == 512 and plain == sorted(plain)
+    speculative = cpu_replay.derived_capture_sizes(max_num_seqs=6, num_speculative_tokens=4)
+    assert speculative == [1, 2, 4, 5, 8, 10, 16, 20, 24, 30, 32, 40, 48, 56]  # 5, 10, 20, 30: 1, 2, 4, 6 x 5
+
+
+def test_the_capability_family_answer_raises_the_derived_ceiling_for_the_block_only() -> None:
+    from vllm.platforms import current_platform
+
+    from vllm_staging_plugin._offline import cpu_replay
+
+    before = dict(vars(type(current_platform)))
+    with seams.capability_family(100):
+        assert current_platform.is_device_capability_family(100)
+        assert max(cpu_replay.derived_capture_sizes(max_num_seqs=512)) == 1024
+    assert dict(vars(type(current_platform))) == before
+    assert max(cpu_replay.derived_capture_sizes(max_num_seqs=512)) == 512
+
+
+def test_the_graph_pool_stub_answers_vllms_getter_and_is_gone_after() -> None:
+    from vllm.platforms import current_platform
+
+    cls = type(current_platform)
+    had = "_global_graph_pool" in vars(cls), vars(cls).get("_global_graph_pool")
+    with seams.graph_pool_stub(current_platform, ("pool",)):
+        assert current_platform.get_global_graph_pool() == ("pool",)
+    assert ("_global_graph_pool" in vars(cls), vars(cls).get("_global_graph_pool")) == had
+
+
+def test_the_manager_features_of_this_release() -> None:
+    """vLLM 0.33.0 has every knob the atlas searches."""
+    from vllm_staging_plugin._offline import cpu_replay
+
+    assert seams.manager_features(cpu_replay.cudagraph_module()) == {
+        "lora_capture_cases": True, "varlen_decode": True, "dbo": True, "kda_recoverssm": True,
+        "dense_schedule": True, "intermediate_tensors": True,
+    }  # fmt: skip
+
+
+def test_an_architecture_is_inspected_through_vllms_registry(monkeypatch: pytest.MonkeyPatch) -> None:
+    from vllm.model_executor.models.registry import ModelRegistry
+
+    asked: list[str] = []
+    monkeypatch.setattr(ModelRegistry, "_try_inspect_model_cls", lambda arch: asked.append(arch))
+    seams.inspect_architecture("Qwen3ForCausalLM")
+    seams.inspect_architecture("NoSuchArchitectureForCausalLM")  # not in the registry: not asked
+    assert asked == ["Qwen3ForCausalLM"]

@@ -22,6 +22,7 @@ from .._engine.patch import ManagerPatch
 from .._engine.settings import Settings
 from .._engine.staging import staging_buffer_bytes, staging_tensors
 from .._engine.wrapping import ClassWrap
+from . import seams
 from .scoped import attributes
 
 PATCHED = Settings(strict=True)
@@ -148,24 +149,12 @@ def derived_capture_sizes(
     compilation.cudagraph_capture_sizes = None
     compilation.max_cudagraph_capture_size = max_cudagraph_capture_size
     vllm_config.model_config = types.SimpleNamespace(enforce_eager=False)
-    vllm_config._set_cudagraph_sizes()
-    return list(compilation.cudagraph_capture_sizes)
+    return seams.derive_capture_sizes(vllm_config)
 
 
 def features() -> dict[str, bool]:
     """Which descriptor knobs the installed release has, read from its structure (not its version)."""
-    cu = cudagraph_module()
-    params = inspect.signature(cu.ModelCudaGraphManager.__init__).parameters
-    candidates = inspect.getsource(cu.CudaGraphManager._init_candidates)
-    return {
-        "lora_capture_cases": "lora_capture_cases" in params,
-        "varlen_decode": "varlen_decode" in params,
-        "dbo": "ubatch_runner" in params and "_maybe_ubatch_twin" in candidates,
-        "kda_recoverssm": "use_kda_recoverssm" in candidates,
-        "dense_schedule": "uses_dynamic_speculative_decoding" in candidates,
-        "intermediate_tensors": "intermediate_tensors"
-        in inspect.getsource(cu.ModelCudaGraphManager.__init__),
-    }
+    return seams.manager_features(cudagraph_module())
 
 
 class _FakeModel(torch.nn.Module):  # type: ignore[misc]
@@ -231,14 +220,12 @@ def cpu_stubs(cfg: ReplayConfig) -> Iterator[types.ModuleType]:
         self._graphs_captured = True
         return {}
 
-    platform_cls = type(cu.current_platform)
     replacements: list[tuple[Any, str, Any]] = [
         (cu, "get_pp_group", lambda: pp_group),
         (cu, "prepare_inputs_to_capture", lambda *a, **k: (None, {})),
         (cu, "set_forward_context", lambda *a, **k: contextlib.nullcontext()),
         (cu, "has_compiled_submodule", lambda model: True),
         (cu.CudaGraphManager, "capture", stored_order_capture),
-        (platform_cls, "_global_graph_pool", ("cpu-replay-pool",)),
     ]
     if cfg.dbo:  # the microbatched capture path prepares a dummy batch and DCP context (CUDA edges)
         replacements += [
@@ -246,6 +233,7 @@ def cpu_stubs(cfg: ReplayConfig) -> Iterator[types.ModuleType]:
         ]
         replacements.append((cu, "InputBatch", types.SimpleNamespace(make_dummy=lambda *a, **k: None)))
     with contextlib.ExitStack() as stack:
+        stack.enter_context(seams.graph_pool_stub(cu.current_platform, ("cpu-replay-pool",)))
         for obj, name, value in replacements:
             stack.enter_context(attributes(obj, {name: value}))
         yield cu

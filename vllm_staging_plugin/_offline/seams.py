@@ -2,8 +2,12 @@
 release it was read on, and what happens when vLLM changes it. Contract tests run each against the installed
 vLLM (tests/test_seams.py).
 
-A changed private makes a function here raise ``SeamChanged`` (or return "does not apply"), never a wrong
-answer: the caller reports that the check could not be made.
+A changed private makes a function here raise (``SeamChanged``, or vLLM's own AttributeError), or return
+"does not apply", never a wrong answer: the caller reports that the check could not be made. Still reached
+from elsewhere (to move here): the pre-flight's emulated platform (``preflight/platform.py``: vLLM's CUDA
+platform class, ``current_platform`` bindings, ``HAS_TRITON``, ``vllm._custom_ops``), the pre-flight's
+classification of vLLM's error texts and its copy of Model Runner V2's manager set-up
+(``preflight/configure.py``), and the CPU replay's CUDA edges (``cpu_replay.cpu_stubs``).
 """
 
 from __future__ import annotations
@@ -48,6 +52,68 @@ class _Built(Exception):
     def __init__(self, cls: type) -> None:
         super().__init__(cls.__qualname__)
         self.cls = cls
+
+
+def derive_capture_sizes(vllm_config: Any) -> list[int]:
+    """The capture grid vLLM derives for ``vllm_config`` (which holds no explicit sizes), set on its
+    compilation config and returned. Private: ``VllmConfig._set_cudagraph_sizes`` (0.18.0-0.33.0), the
+    method vLLM's own ``__post_init__`` calls; renamed or gone, AttributeError names it."""
+    vllm_config._set_cudagraph_sizes()
+    return list(vllm_config.compilation_config.cudagraph_capture_sizes)
+
+
+@contextlib.contextmanager
+def capability_family(family: int) -> Iterator[None]:
+    """For the block, the platform answers ``is_device_capability_family(family)`` with yes (e.g. 100:
+    data-centre Blackwell, whose derived-grid ceiling is 1024 where others have 512). Private: the
+    classmethod on the platform class of ``current_platform``, which ``_set_cudagraph_sizes`` asks
+    (0.30.0-0.33.0); gone, the question is not asked and the answer changes nothing."""
+    from vllm.platforms import current_platform
+
+    answer = classmethod(lambda _, capability, device_id=0: capability // 10 == family // 10)
+    with attributes(type(current_platform), {"is_device_capability_family": answer}):
+        yield
+
+
+@contextlib.contextmanager
+def graph_pool_stub(platform: Any, pool: Any) -> Iterator[None]:
+    """For the block, ``platform.get_global_graph_pool()`` returns ``pool`` without CUDA (a manager built
+    on CPU asks the platform its module bound, in ``__init__``). Private: the platform class's
+    ``_global_graph_pool`` cache (0.18.0-0.33.0), which that getter returns when set."""
+    with attributes(type(platform), {"_global_graph_pool": pool}):
+        yield
+
+
+def manager_features(cudagraph_module: Any) -> dict[str, bool]:
+    """Which descriptor knobs the release's graph manager has, read from its structure (not its version).
+    Privates: ``ModelCudaGraphManager.__init__``'s parameters and the source text of
+    ``CudaGraphManager._init_candidates`` and ``ModelCudaGraphManager.__init__`` (0.18.0-0.33.0); a knob
+    renamed there reads as absent, and the search then runs at that knob's default only."""
+    import inspect
+
+    params = inspect.signature(cudagraph_module.ModelCudaGraphManager.__init__).parameters
+    candidates = inspect.getsource(cudagraph_module.CudaGraphManager._init_candidates)
+    init = inspect.getsource(cudagraph_module.ModelCudaGraphManager.__init__)
+    return {
+        "lora_capture_cases": "lora_capture_cases" in params,
+        "varlen_decode": "varlen_decode" in params,
+        "dbo": "ubatch_runner" in params and "_maybe_ubatch_twin" in candidates,
+        "kda_recoverssm": "use_kda_recoverssm" in candidates,
+        "dense_schedule": "uses_dynamic_speculative_decoding" in candidates,
+        "intermediate_tensors": "intermediate_tensors" in init,
+    }
+
+
+def inspect_architecture(architecture: str) -> None:
+    """Have vLLM's registry inspect ``architecture`` (its subprocess the first time, then its cache).
+    Private: ``ModelRegistry._try_inspect_model_cls`` (0.18.0-0.33.0); the configuration build calls it
+    anyway, so without it the inspection happens there instead."""
+    from vllm.model_executor.models.registry import ModelRegistry
+
+    if architecture in ModelRegistry.models:
+        inspect = getattr(ModelRegistry, "_try_inspect_model_cls", None)
+        if inspect is not None:
+            inspect(architecture)
 
 
 def model_class(vllm_config: Any) -> Any:

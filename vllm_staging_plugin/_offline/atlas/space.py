@@ -12,8 +12,6 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from ..scoped import attributes
-
 if TYPE_CHECKING:
     from vllm_staging_plugin._offline.cpu_replay import ReplayConfig
 
@@ -98,10 +96,9 @@ def platform_ceiling(ceiling: int) -> Iterator[None]:
     if ceiling == 512:
         yield
         return
-    from vllm.platforms import current_platform
+    from vllm_staging_plugin._offline import seams
 
-    family = classmethod(lambda _, capability, device_id=0: capability // 10 == 10)
-    with attributes(type(current_platform), {"is_device_capability_family": family}):
+    with seams.capability_family(100):
         yield
 
 

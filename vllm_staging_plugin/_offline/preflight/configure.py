@@ -171,11 +171,11 @@ def inspect_model_classes(model: str) -> None:
             architectures = json.load(f).get("architectures") or []
     except (OSError, ValueError, AttributeError):
         return
-    from vllm.model_executor.models.registry import ModelRegistry
+    from .. import seams
 
     for architecture in architectures:
-        if isinstance(architecture, str) and architecture in ModelRegistry.models:
-            ModelRegistry._try_inspect_model_cls(architecture)
+        if isinstance(architecture, str):
+            seams.inspect_architecture(architecture)
 
 
 def create_engine_config(args: argparse.Namespace) -> Any:
