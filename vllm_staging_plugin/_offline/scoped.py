@@ -37,14 +37,15 @@ def items(mapping: MutableMapping[str, Any], values: Mapping[str, Any | None]) -
     saved = {key: mapping.get(key, _ABSENT) for key in values}
     try:
         for key, value in values.items():
-            if value is None:
-                mapping.pop(key, None)
-            else:
-                mapping[key] = value
+            _put(mapping, key, _ABSENT if value is None else value)
         yield
     finally:
         for key, old in saved.items():
-            if old is _ABSENT:
-                mapping.pop(key, None)
-            else:
-                mapping[key] = old
+            _put(mapping, key, old)
+
+
+def _put(mapping: MutableMapping[str, Any], key: str, value: Any) -> None:
+    if value is _ABSENT:
+        mapping.pop(key, None)
+    else:
+        mapping[key] = value
