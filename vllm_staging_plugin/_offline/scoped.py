@@ -1,5 +1,7 @@
-"""Change a process for one block and put it back exactly, also when the block raises. One way for every
-offline tool: blocks that change several things nest these in a ``contextlib.ExitStack``."""
+"""Change a process for one block and put it back exactly, also when the block raises; blocks that change
+several things nest these in a ``contextlib.ExitStack``. Not yet used by the pre-flight's whole-environment
+snapshot (``preflight._environment_kept``), its CUDA platform import (``platform._cuda_platform_class``) and
+its ``current_platform`` rebinding loops."""
 
 from __future__ import annotations
 

@@ -7,7 +7,9 @@ A changed private makes a function here raise (``SeamChanged``, or vLLM's own At
 from elsewhere (to move here): the pre-flight's emulated platform (``preflight/platform.py``: vLLM's CUDA
 platform class, ``current_platform`` bindings, ``HAS_TRITON``, ``vllm._custom_ops``), the pre-flight's
 classification of vLLM's error texts and its copy of Model Runner V2's manager set-up
-(``preflight/configure.py``), and the CPU replay's CUDA edges (``cpu_replay.cpu_stubs``).
+(``preflight/configure.py``), the CPU replay's CUDA edges (``cpu_replay.cpu_stubs``), and the manager's
+``_capture_descs`` (read in ``cpu_replay.run_capture``, ``preflight/replay.py``, ``atlas/replay.py``; the
+engine's own structure check requires it).
 """
 
 from __future__ import annotations
@@ -67,7 +69,7 @@ def capability_family(family: int) -> Iterator[None]:
     """For the block, the platform answers ``is_device_capability_family(family)`` with yes (e.g. 100:
     data-centre Blackwell, whose derived-grid ceiling is 1024 where others have 512). Private: the
     classmethod on the platform class of ``current_platform``, which ``_set_cudagraph_sizes`` asks
-    (0.30.0-0.33.0); gone, the question is not asked and the answer changes nothing."""
+    (0.28.0-0.33.0); gone, the question is not asked and the answer changes nothing."""
     from vllm.platforms import current_platform
 
     answer = classmethod(lambda _, capability, device_id=0: capability // 10 == family // 10)
@@ -128,12 +130,13 @@ def model_class(vllm_config: Any) -> Any:
 def kda_layer_class(vllm_config: Any) -> Any:
     """The KDA layer class vLLM's Kimi decoder builds for this model, or None when the model has none.
 
-    Private: ``KimiDecoderLayer`` in the model class's module (``vllm/models/kimi_k3/nvidia/model.py``,
-    0.30.0-0.33.0), which picks the layer (Kimi-K3's own ``KimiK3DeltaAttention`` for a full-rank gate,
-    the shared ``KimiGatedDeltaNetAttention`` otherwise). The decoder is built for the first KDA layer with
-    every Mamba-layer class of that module replaced by a recorder, so the class it asks for is read from
-    vLLM's own choice; nothing else of the decoder is built. A module without ``KimiDecoderLayer`` (another
-    model, or a renamed decoder) gives None; a decoder that builds no Mamba layer raises SeamChanged.
+    Private: ``KimiDecoderLayer`` in the model class's module (``vllm/models/kimi_k3/nvidia/model.py``;
+    read on 0.33.0, present from 0.28.0), which picks the layer: Kimi-K3's own ``KimiK3DeltaAttention``
+    for a full-rank gate, the shared ``KimiGatedDeltaNetAttention`` otherwise. The decoder is built for the
+    first KDA layer with every Mamba-layer class of that module replaced by a recorder, so the class it
+    asks for is read from vLLM's own choice; nothing else of the decoder is built. A module without
+    ``KimiDecoderLayer`` (another model, or a renamed decoder) gives None; a decoder that builds no Mamba
+    layer raises SeamChanged.
     """
     text = vllm_config.model_config.hf_text_config
     module = sys.modules[model_class(vllm_config).__module__]
@@ -181,11 +184,11 @@ def kda_mixed_step(vllm_config: Any) -> KdaMixedStep | None:
     no speculative decoding, no Kimi KDA layer, or a layer with its own metadata (Kimi-K3's, whose
     RecoverSSM kernels read the one slot it gives).
 
-    Privates: the layer's ``get_kv_cache_spec`` (its state slots per request; ``--use-replayssm`` gives one,
-    ``vllm/model_executor/layers/mamba/abstract.py``), ``GDNAttentionMetadataBuilder``
-    (``vllm/v1/attention/backends/gdn_attn.py``, 0.30.0-0.33.0) and its ``build`` arguments
-    ``num_accepted_tokens`` / ``num_decode_draft_tokens_cpu``; ``CommonAttentionMetadata``'s fields. A
-    builder or metadata that changes shape raises SeamChanged through the caller's error handling.
+    Privates: the layer's ``get_kv_cache_spec`` (its state slots per request; ``--use-replayssm`` gives
+    one, ``vllm/model_executor/layers/mamba/abstract.py``), ``GDNAttentionMetadataBuilder``
+    (``vllm/v1/attention/backends/gdn_attn.py``; read on 0.33.0, present from 0.28.0), its ``build``
+    arguments ``num_accepted_tokens`` / ``num_decode_draft_tokens_cpu`` and ``CommonAttentionMetadata``'s
+    fields. A builder or metadata that changes shape raises SeamChanged, which the caller reports.
     """
     num_spec = int(getattr(vllm_config.speculative_config, "num_speculative_tokens", None) or 0)
     layer_cls: Any = kda_layer_class(vllm_config) if num_spec else None
