@@ -218,8 +218,9 @@ def test_load_passes_strict_on_to_the_registry(monkeypatch: pytest.MonkeyPatch) 
         policies, "entry_points", lambda group: found if group == policies.ENTRY_POINT_GROUP else []
     )
     assert PolicyRegistry.load().names() == ["descending", "ascending", "max-first", "shuffle"]
-    with pytest.raises(TypeError, match="not a list of names"):
+    with pytest.raises(ConfigError, match="order-policy package 'bad-names' cannot be used") as raised:
         PolicyRegistry.load(strict=True)
+    assert isinstance(raised.value.__cause__, TypeError)
 
 
 class _EntryPoint:
@@ -274,8 +275,13 @@ def test_a_package_failing_to_import_is_skipped_with_one_warning(
 
 
 def test_a_package_failing_to_import_is_an_error_in_strict_mode(broken_and_good_packages: None) -> None:
-    with pytest.raises(ModuleNotFoundError, match="no_such_module"):
+    with pytest.raises(ConfigError) as raised:
         PolicyRegistry.load(strict=True)
+    assert str(raised.value) == (
+        "order-policy entry point 'broken' (no_such_module) failed to load (STAGING_PLUGIN_STRICT is on): "
+        "ModuleNotFoundError: No module named 'no_such_module'"
+    )
+    assert isinstance(raised.value.__cause__, ModuleNotFoundError)
 
 
 class BadNames:
@@ -291,5 +297,9 @@ def test_a_package_declaring_no_names_is_skipped(plugin_log: Any) -> None:
         "vllm-staging-plugin: order-policy package 'bad-names' is skipped: staging_order_policies returned "
         "[[3]], not a list of names"
     ]
-    with pytest.raises(TypeError):
+    with pytest.raises(ConfigError) as raised:
         PolicyRegistry([("bad-names", BadNames())], strict=True)
+    assert str(raised.value) == (
+        "order-policy package 'bad-names' cannot be used (STAGING_PLUGIN_STRICT is on): TypeError: "
+        "staging_order_policies returned [[3]], not a list of names"
+    )

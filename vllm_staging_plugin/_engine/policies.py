@@ -17,7 +17,7 @@ import pluggy
 
 from .. import hookspecs
 from ..hookspecs import hookimpl
-from .settings import ENV_ORDER, ConfigError, Settings
+from .settings import ENV_ORDER, ENV_STRICT, ConfigError, Settings
 
 ENTRY_POINT_GROUP = "vllm_staging_plugin.order_policies"
 BUILTIN = "builtin"
@@ -103,7 +103,10 @@ class PolicyRegistry:
             if self._pm.is_registered(plugin):
                 self._pm.unregister(plugin)
             if strict:
-                raise
+                raise ConfigError(
+                    f"order-policy package {name!r} cannot be used ({ENV_STRICT} is on): "
+                    f"{type(exc).__name__}: {exc}"
+                ) from exc
             logger.warning("vllm-staging-plugin: order-policy package %r is skipped: %s", name, exc)
             return
         for policy in names:
@@ -198,7 +201,10 @@ def _loaded(found: Iterable[EntryPoint], strict: bool) -> list[tuple[str, object
             loaded.append((entry_point.name, entry_point.load()))
         except Exception as exc:
             if strict:
-                raise
+                raise ConfigError(
+                    f"order-policy entry point {entry_point.name!r} ({entry_point.value}) failed to load "
+                    f"({ENV_STRICT} is on): {type(exc).__name__}: {exc}"
+                ) from exc
             logger.warning(
                 "vllm-staging-plugin: order-policy entry point %r (%s) failed to load and is skipped: %s",
                 entry_point.name, entry_point.value, exc,
