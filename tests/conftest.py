@@ -9,11 +9,9 @@ first check starts from an empty cache of its own.
 
 from __future__ import annotations
 
-import importlib.util
 import logging
 import os
 import shutil
-import subprocess
 import sys
 import tempfile
 from collections.abc import Iterator
@@ -23,6 +21,7 @@ from types import ModuleType
 import pytest
 from childproc import once_per_run
 from configs import ARCHITECTURES
+from fakes import patched_copy
 
 CACHE_VARIABLE = "VLLM_CACHE_ROOT"
 _cache_key = pytest.StashKey[str | None]()  # the variable's value before the run
@@ -76,23 +75,16 @@ def model_inspection_cache(tmp_path_factory: pytest.TempPathFactory) -> list[str
 
 @pytest.fixture
 def kda_fixed_vllm(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> ModuleType:
-    """vLLM 0.33.0 with upstream/kda-spec-state-slots.patch: vLLM's kimi_gdn_linear_attn.py patched with
-    ``patch -p1`` in ``tmp_path``, loaded as that module, and its layer class put where vLLM's Kimi model
-    module finds it (undone after the test)."""
+    """vLLM 0.33.0 with upstream/kda-spec-state-slots.patch: vLLM's kimi_gdn_linear_attn.py patched
+    (``fakes.patched_copy``), and its layer class put where vLLM's Kimi model module finds it (undone after
+    the test)."""
     from vllm.model_executor.custom_op import op_registry
     from vllm.model_executor.layers.mamba.gdn import kimi_gdn_linear_attn as stock
     from vllm.models.kimi_k3.nvidia import model
 
-    target = tmp_path / Path(*stock.__name__.split(".")).with_suffix(".py")
-    target.parent.mkdir(parents=True)
-    shutil.copy(stock.__file__, target)
     patch = Path(__file__).resolve().parents[1] / "upstream" / "kda-spec-state-slots.patch"
-    subprocess.run(["patch", "-p1", "-s", "--fuzz=0", "-i", str(patch)], cwd=tmp_path, check=True)
-    spec = importlib.util.spec_from_file_location(stock.__name__, target)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
     monkeypatch.delitem(op_registry, stock.KimiGatedDeltaNetAttention.name)  # registered again by the copy
-    spec.loader.exec_module(module)
+    module = patched_copy(stock, patch, tmp_path)
     monkeypatch.setitem(sys.modules, module.__name__, module)
     monkeypatch.setattr(model, "KimiLinearGatedDeltaNetAttention", module.KimiGatedDeltaNetAttention)
     return module

@@ -7,9 +7,13 @@ the claims rest on the contract tests against the real class.
 
 from __future__ import annotations
 
+import importlib.util
+import shutil
+import subprocess
 import sys
 import types
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -134,3 +138,19 @@ def policy_order(order: str, mode: str, descriptors: Any) -> list[Any]:
     from vllm_staging_plugin._engine.settings import Settings
 
     return PolicyRegistry.load().order(Settings(order=order), mode, descriptors)
+
+
+def patched_copy(stock: types.ModuleType, patch: Path, root: Path) -> types.ModuleType:
+    """``stock`` (a vLLM module) with an ``upstream/`` patch applied: its file copied under ``root`` at its
+    package path, ``patch -p1 --fuzz=0`` there, and executed as a new module of the same name (not put in
+    ``sys.modules``: the caller decides where vLLM finds it)."""
+    target = root / Path(*stock.__name__.split(".")).with_suffix(".py")
+    target.parent.mkdir(parents=True)
+    assert stock.__file__ is not None
+    shutil.copy(stock.__file__, target)
+    subprocess.run(["patch", "-p1", "-s", "--fuzz=0", "-i", str(patch)], cwd=root, check=True)
+    spec = importlib.util.spec_from_file_location(stock.__name__, target)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module

@@ -7,9 +7,6 @@ the import hook finding the module loaded, vLLM's own ``store_capture_output``) 
 
 from __future__ import annotations
 
-import importlib.util
-import shutil
-import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,7 +15,7 @@ from typing import Any
 
 import pytest
 from configs import K3_4_LAYERS
-from fakes import installed
+from fakes import installed, patched_copy
 
 import vllm_staging_plugin
 from vllm_staging_plugin._engine import staging
@@ -34,25 +31,12 @@ K3 = ReplayConfig(  # Kimi-K3's widths: 8 speculative tokens, 48 sequences, powe
 )  # fmt: skip
 
 
-def patched_module(tmp_path: Path) -> ModuleType:
-    import vllm.v1.worker.gpu.cudagraph_utils as stock
-
-    target = tmp_path / "vllm" / "v1" / "worker" / "gpu" / "cudagraph_utils.py"
-    target.parent.mkdir(parents=True)
-    shutil.copy(stock.__file__, target)
-    subprocess.run(["patch", "-p1", "-s", "-i", str(PATCH)], cwd=tmp_path, check=True)
-    spec = importlib.util.spec_from_file_location(stock.__name__, target)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 @pytest.fixture
 def presizing_vllm(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[ModuleType]:
     import vllm.v1.worker.gpu as package
+    import vllm.v1.worker.gpu.cudagraph_utils as stock
 
-    module = patched_module(tmp_path)
+    module = patched_copy(stock, PATCH, tmp_path)
     monkeypatch.setitem(sys.modules, module.__name__, module)
     monkeypatch.setattr(package, "cudagraph_utils", module)
     yield module
