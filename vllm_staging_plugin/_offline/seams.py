@@ -138,8 +138,12 @@ def kda_layer_class(vllm_config: Any) -> Any:
     ``KimiDecoderLayer`` (another model, or a renamed decoder) gives None; a decoder that builds no Mamba
     layer raises SeamChanged.
     """
+    return _kda_layer_class(vllm_config, model_class(vllm_config))
+
+
+def _kda_layer_class(vllm_config: Any, model_cls: Any) -> Any:
     text = vllm_config.model_config.hf_text_config
-    module = sys.modules[model_class(vllm_config).__module__]
+    module = sys.modules[model_cls.__module__]
     decoder = getattr(module, "KimiDecoderLayer", None)
     is_kda = getattr(text, "is_kda_layer", None)
     if decoder is None or is_kda is None or not getattr(text, "linear_attn_config", None):
@@ -191,7 +195,10 @@ def kda_mixed_step(vllm_config: Any) -> KdaMixedStep | None:
     fields. A builder or metadata that changes shape raises SeamChanged, which the caller reports.
     """
     num_spec = int(getattr(vllm_config.speculative_config, "num_speculative_tokens", None) or 0)
-    layer_cls: Any = kda_layer_class(vllm_config) if num_spec else None
+    if not num_spec:
+        return None
+    model_cls = model_class(vllm_config)
+    layer_cls = _kda_layer_class(vllm_config, model_cls)
     if layer_cls is None:
         return None
     import torch
@@ -199,7 +206,6 @@ def kda_mixed_step(vllm_config: Any) -> KdaMixedStep | None:
     from vllm.v1.attention.backend import CommonAttentionMetadata
     from vllm.v1.attention.backends.gdn_attn import GDNAttentionMetadataBuilder
 
-    model_cls = model_class(vllm_config)
     shapes = tuple(model_cls.get_mamba_state_shape_from_config(vllm_config))
     dtypes = tuple(model_cls.get_mamba_state_dtype_from_config(vllm_config))
     layer = layer_cls.__new__(layer_cls)
