@@ -46,8 +46,9 @@ def main() -> int:
     r.add_argument("--models", default="qwen3-8b,qwen3-0.6b", help=f"comma list of {', '.join(MODELS)}")
     r.add_argument("--orders", default=",".join(ORDERS))
     r.add_argument("--arms", default="stock,plugin", help=f"comma list of {', '.join(ARMS)}")
-    r.add_argument("--plan", default="", help="[MODEL=]ARM@ORDER[+VARIANT],... (replaces --orders x --arms), "
-                   "e.g. stock@ascending,plugin@ascending,vanilla@descending,plugin@descending")  # fmt: skip
+    r.add_argument("--plan", default="", help="[MODEL=]ARM@ORDER[+VARIANT][*N],... (replaces --orders x "
+                   "--arms; *N: its own --fill-to count), e.g. stock@ascending,plugin@ascending,"
+                   "vanilla@descending,plugin@descending")  # fmt: skip
     r.add_argument("--serve-plan", default="", help="ARM@ORDER,...: `vllm serve` boots answering one request")
     r.add_argument("--serve-rounds", type=int, default=1)
     r.add_argument("--traffic", choices=("", "join", "single"), default="",

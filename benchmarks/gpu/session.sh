@@ -2,7 +2,7 @@
 # One GPU-machine call per stage, each planned to end within STAGE_BUDGET seconds (default 510 = 8.5 min,
 # under the 10-minute limit of one call). Run from the project root on the GPU machine after the payload
 # is staged (bash .gpu/pK/device-stage.sh for every part; the last prints READY):
-#   bash benchmarks/gpu/session.sh kda|kda-dense|k3-control|kda-fault|k3|kda-mech|k3-patched|last|tp|...
+#   bash benchmarks/gpu/session.sh kda|kda-dense|k3-control|kda-fault|k3|tp|...
 # It installs the plugin into /tmp/site (so vLLM finds its entry point the real way), runs the stage's
 # boots under a deadline (no boot starts unless 1.3x the median boot still fits) and an outer `timeout`,
 # packs records, receipts, trimmed logs (full logs too while small), versions and the summary into
@@ -39,28 +39,25 @@
 #              with the Ray data-parallel backend (plugin under ascending; its engine core is a Ray actor),
 #              TP = number of GPUs.
 #                                                                                  about 4-5 min
-#   k3         the Kimi-K3 architecture itself (KimiK3ForConditionalGeneration, 4 layers cut to hidden 2048,
-#              dummy weights) at the K3 widths, every boot with join traffic (the second request arrives
-#              once the first has its first token: one step mixes a speculative decode with a prefill):
-#              no plugin x2 (the capture crash), plugin x3, `vllm serve` with the plugin x2 (two streamed
-#              completions, the second sent after the first's first token), no plugin on the workaround
-#              grid x2, vLLM with the staging patch x2 (and with the plugin x1); then no plugin and plugin
-#              x1 at n-gram 4 / max_num_seqs 16 and n-gram 7 / 48. Four boots at a time on one GPU.
-#                                                                                      2 calls of ~9 min
-#   kda-mech   the shared KDA layer's fault: compute-sanitizer memcheck of benchmarks/kda_replay.py (the
-#              layer's mixed-step call replayed, three index layouts); Kimi-Linear dense shape, K3 widths,
-#              workaround grid, no plugin, join traffic: arguments logged x2, the padding control x2,
-#              vLLM with upstream/kda-spec-state-slots.patch x3; then one request with a repeating prompt
-#              (n-gram drafts from the first step) without speculation, without --use-replayssm, with it
-#              (stock) and with it on the patched vLLM: the token check.            about 8-9 min
-#   k3-patched the K3 architecture at the K3 widths on vLLM with upstream/presize-staging-buffers.patch:
-#              no plugin x2, plugin x1 (its stand-down line); join traffic.          about 3-4 min
-#   last       one short call: the memcheck replay of kda-mech, its Kimi-Linear join arms (arguments
-#              logged; vLLM with the KDA patch) x2 each, then two plugin boots of the K3 architecture.
+#   k3         Kimi-K3 and the shared KDA layer's fault, each arm at its own N, join traffic (the second
+#              request arrives once the first has its first token: one step mixes a speculative decode
+#              with a prefill) unless said; calling it again fills what the last call left, priority first.
+#              (1) The K3 architecture (KimiK3ForConditionalGeneration, 4 layers cut to hidden 2048, dummy
+#              weights) at the K3 widths: plugin x2, `vllm serve` with the plugin x1, no plugin on the
+#              workaround grid x2, vLLM with the staging patch x2 (and with the plugin x1: its stand-down
+#              line); the Kimi-Linear dense shape at the K3 widths on the workaround grid, no plugin:
+#              kernel arguments logged x2, on vLLM with upstream/kda-spec-state-slots.patch x2; the K3
+#              architecture at n-gram 4 / max_num_seqs 16 (plugin) and n-gram 7 / 48 (both arms) x1.
+#              (2) The padding control x2. (3) The token check: one request whose prompt repeats (n-gram
+#              drafts from the first step) without speculation, without --use-replayssm, with it (stock)
+#              and with it on the patched vLLM. (4) The K3 capture crash (no plugin x2, n-gram 4 / 16 x1).
+#              (5) compute-sanitizer memcheck of benchmarks/kda_replay.py (three index layouts). Four boots
+#              at a time on one GPU, each started once the others finished memory profiling (about one a
+#              minute).                                                       3 calls of ~9.5 min
 #   decode     steady-state decode tokens/s, vanilla vs plugin under the default order, batch 1 and 64,
 #              Qwen3-0.6B on GPU 0 and Qwen3-8B on GPU 1, N=3 ABBA.                    about 5 min
 set -uo pipefail
-stage=${1:?usage: bash benchmarks/gpu/session.sh kda|kda-dense|k3-control|kda-fault|k3|kda-mech|k3-patched|last|tp|pp-eagle3|parallel|decode|eagle3|ray}
+stage=${1:?usage: bash benchmarks/gpu/session.sh kda|kda-dense|k3-control|kda-fault|k3|tp|pp-eagle3|parallel|decode|eagle3|ray}
 here=$(cd "$(dirname "$0")" && pwd)
 cd "$here/../.."
 root=$(pwd)
@@ -150,34 +147,18 @@ case $stage in
     study --models "$k3,$wa,$dv" --fill-to "${FILL_TO:-3}" --concurrent 3 --per-gpu 3 --boot-timeout 420 \
           --plan "$p,$p+launch-blocking,$p+fresh-triton-cache,$p+pdl-off,$v,$v+launch-blocking,$v+pdl-off,$dv=vanilla@descending" ;;
   k3)
-    # Each call fills what is missing: the stock crash x2, the plugin x3, serve x2, the workaround grid
-    # x2, vLLM with the staging patch x2 (and with the plugin x1: its stand-down line), the two widths x1.
-    k3=kimi-k3-4l-k3; wa=$k3-workaround; four=(--concurrent 4 --per-gpu 4 --gpu-mem 0.2 --boot-timeout 420)
-    study --models "$k3,$wa" --traffic join --fill-to 2 "${four[@]}" --serve-rounds 2 --serve-plan "$k3=plugin@descending" \
-          --plan "$k3=vanilla@descending,$k3=plugin@descending,$wa=vanilla@descending,$k3=vanilla@descending+vllm-presize"
-    study --models "$k3,kimi-k3-4l-w4s16,kimi-k3-4l-w7s48" --traffic join --fill-to 1 "${four[@]}" \
-          --plan "$k3=plugin@descending+vllm-presize,kimi-k3-4l-w4s16=vanilla@descending,kimi-k3-4l-w4s16=plugin@descending,kimi-k3-4l-w7s48=vanilla@descending,kimi-k3-4l-w7s48=plugin@descending"
-    study --models "$k3" --traffic join --fill-to 3 "${four[@]}" --plan plugin@descending ;;
-  kda-mech)
-    memcheck
-    wa=kimi-linear-4l-dense-k3-workaround; three=(--concurrent 4 --per-gpu 4 --gpu-mem 0.2 --boot-timeout 420)
-    study --models "$wa" --traffic join --fill-to 2 "${three[@]}" \
-          --plan "vanilla@descending+kda-log,vanilla@descending+kda-pad"
-    study --models "$wa" --traffic join --fill-to 3 "${three[@]}" --plan "vanilla@descending+kda-log+vllm-kdafix"
+    # Priority first (what the issue's Ns need), then the padding control, the token check, the capture
+    # crash again (no plugin, recorded on 2026-12-01) and the memcheck replay, as far as the budget goes.
+    k3=kimi-k3-4l-k3; w4=kimi-k3-4l-w4s16; w7=kimi-k3-4l-w7s48; wa=kimi-linear-4l-dense-k3-workaround
+    four=(--concurrent 4 --per-gpu 4 --gpu-mem 0.2 --boot-timeout 420); d=@descending
+    study --models "$k3,$k3-workaround,$w4,$w7,$wa" --traffic join --fill-to 1 "${four[@]}" \
+          --serve-plan "$k3=plugin$d" --plan "$k3=plugin$d*2,$k3-workaround=vanilla$d*2,$k3=vanilla$d+vllm-presize*2,\
+$wa=vanilla$d+kda-log*2,$wa=vanilla$d+kda-log+vllm-kdafix*2,$k3=plugin$d+vllm-presize,$w4=plugin$d,$w7=vanilla$d,$w7=plugin$d"
+    study --models "$wa" --traffic join --fill-to 2 "${four[@]}" --plan "vanilla$d+kda-pad"
     study --models "kimi-linear-4l-dense-k3-nospec,kimi-linear-4l-dense-k3-noreplay,$wa" --traffic single \
-          --fill-to 1 "${three[@]}" --plan "vanilla@descending,$wa=vanilla@descending+vllm-kdafix" ;;
-  last)
-    # One short call: the memcheck replay, the shared layer's mixed step without the plugin (arguments
-    # logged) and on vLLM with the KDA patch, then two more plugin boots of the K3 architecture.
-    wa=kimi-linear-4l-dense-k3-workaround; four=(--concurrent 4 --per-gpu 4 --gpu-mem 0.2 --boot-timeout 420)
-    memcheck
-    study --models "$wa" --traffic join --fill-to 2 "${four[@]}" \
-          --plan "vanilla@descending+kda-log,vanilla@descending+kda-log+vllm-kdafix"
-    study --models kimi-k3-4l-k3 --traffic join --fill-to 2 "${four[@]}" --plan plugin@descending ;;
-  k3-patched)
-    k3=kimi-k3-4l-k3; three=(--concurrent 3 --per-gpu 3 --gpu-mem 0.25 --boot-timeout 420)
-    study --models "$k3" --traffic join --fill-to 2 "${three[@]}" --plan vanilla@descending+vllm-presize
-    study --models "$k3" --traffic join --fill-to 1 "${three[@]}" --plan plugin@descending+vllm-presize ;;
+          --fill-to 1 "${four[@]}" --plan "vanilla$d,$wa=vanilla$d+vllm-kdafix"
+    study --models "$k3,$w4" --traffic join --fill-to 1 "${four[@]}" --plan "$k3=vanilla$d*2,$w4=vanilla$d"
+    (( $(left) > 120 )) && memcheck ;;
   tp)
     study --models qwen3-0.6b --tp 2 --plan "$asc_desc" --fill-to 1 --serve-plan plugin@ascending ;;
   pp-eagle3)
@@ -220,7 +201,7 @@ if [[ $stage == decode ]]; then
   $py "$root/benchmarks/decode_bench.py" summarize . > summary.md 2>&1
   keep=(decode.json receipts); logs=engines; trimmed=(engines/*/engine.trim.log)
 else
-  faults=(); [[ $stage == kda-fault || $stage == kda-mech || $stage == k3* || $stage == last ]] && faults=(--faults)
+  faults=(); [[ $stage == kda-fault || $stage == k3 ]] && faults=(--faults)
   $py "$root/benchmarks/order_study.py" summarize . "${faults[@]}" > summary.md 2>&1
   keep=(boots receipts); logs=logs; trimmed=(logs/*.trim.log)
 fi

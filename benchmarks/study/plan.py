@@ -85,28 +85,34 @@ def record_key(b: dict[str, Any]) -> CellKey:
 
 @dataclasses.dataclass(frozen=True)
 class PlanItem:
-    """``[MODEL=]ARM@ORDER[+VARIANT]``: a model named here restricts the item to that model."""
+    """``[MODEL=]ARM@ORDER[+VARIANT][*N]``: a model named here restricts the item to that model; ``*N``
+    sets its own count for ``--fill-to`` (the others get ``--fill-to``'s), so that one run fills arms
+    that want different N, interleaved."""
 
     arm: str
     order: str
     variant: str = ""
     model: str | None = None
+    count: int | None = None
 
 
 def parse_plan(text: str) -> list[PlanItem]:
-    """``[MODEL=]ARM@ORDER[+VARIANT],...`` -> items; arms and variants are checked, orders are the
-    plugin's to check."""
+    """``[MODEL=]ARM@ORDER[+VARIANT][*N],...`` -> items; arms, variants and counts are checked, orders
+    are the plugin's to check."""
     items = []
     for item in filter(None, text.split(",")):
         model, _, rest = item.rpartition("=")
+        rest, star, count = rest.partition("*")
         pair, _, variant = rest.partition("+")
         arm, sep, order = pair.partition("@")
-        if not sep or arm not in ARMS or not order or not all(p in VARIANTS for p in variant.split("+")):
+        bad_count = bool(star) and not (count.isdigit() and int(count) > 0)
+        if (not sep or arm not in ARMS or not order or bad_count
+                or not all(p in VARIANTS for p in variant.split("+"))):  # fmt: skip
             raise SystemExit(
-                f"plan item {item!r}: want [MODEL=]ARM@ORDER[+VARIANT], ARM one of {', '.join(ARMS)}, "
-                f"VARIANT one of {', '.join(v for v in VARIANTS if v)}"
+                f"plan item {item!r}: want [MODEL=]ARM@ORDER[+VARIANT][*N], ARM one of {', '.join(ARMS)}, "
+                f"VARIANT one of {', '.join(v for v in VARIANTS if v)}, N a positive count"
             )
-        items.append(PlanItem(arm, order, variant, model or None))
+        items.append(PlanItem(arm, order, variant, model or None, int(count) if star else None))
     return items
 
 
@@ -125,8 +131,8 @@ def planned_cells(args: argparse.Namespace, out: Path) -> list[Cell]:
     llm_mode = f"llm-{traffic}" if traffic else "llm"
     serve_mode = "serve-join" if traffic == "join" else "serve"
 
-    def pairs(items: list[PlanItem]) -> list[tuple[str, PlanItem]]:
-        return [(m, p) for m in models for p in items if p.model in (None, m)]
+    def pairs(items: list[PlanItem]) -> list[tuple[str, PlanItem]]:  # plan order first: its priority
+        return [(m, p) for p in items for m in models if p.model in (None, m)]
 
     if args.fill_to:
         last = -1
@@ -138,8 +144,8 @@ def planned_cells(args: argparse.Namespace, out: Path) -> list[Cell]:
             key = record_key(b)
             done[key] = done.get(key, 0) + 1
             last = max(last, int(b.get("round", 0)))
-        wanted = [(m, p, llm_mode, args.fill_to) for m, p in pairs(plan)]
-        wanted += [(m, p, serve_mode, args.serve_rounds) for m, p in pairs(serve)]
+        wanted = [(m, p, llm_mode, p.count or args.fill_to) for m, p in pairs(plan)]
+        wanted += [(m, p, serve_mode, p.count or args.serve_rounds) for m, p in pairs(serve)]
         cells = []
         for step in range(max((n for *_, n in wanted), default=0)):
             for m, p, mode, n in wanted:
@@ -147,6 +153,8 @@ def planned_cells(args: argparse.Namespace, out: Path) -> list[Cell]:
                 if done.get(cell.key, 0) + step < n:
                     cells.append(cell)
         return cells
+    if any(p.count for p in plan + serve):
+        raise SystemExit("a plan item's *N count needs --fill-to")
     rounds = range(args.start_round, args.start_round + args.rounds)
     cells = [Cell(r, m, p.order, p.arm, mode=llm_mode, variant=p.variant, **kw)
              for r in rounds for m, p in pairs(plan)]  # fmt: skip
