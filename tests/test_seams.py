@@ -174,3 +174,21 @@ def test_an_architecture_is_inspected_through_vllms_registry(monkeypatch: pytest
     seams.inspect_architecture("Qwen3ForCausalLM")
     seams.inspect_architecture("NoSuchArchitectureForCausalLM")  # not in the registry: not asked
     assert asked == ["Qwen3ForCausalLM"]
+
+
+def test_the_capture_plan_is_the_managers_own_and_reordering_it_changes_the_capture() -> None:
+    """The plan is the live mapping ``capture()`` walks: a list reordered in it is the order captured."""
+    from vllm.config.compilation import CUDAGraphMode
+
+    from vllm_staging_plugin._offline import cpu_replay
+
+    cfg = cpu_replay.ReplayConfig(sizes=[1, 2, 4, 8], max_num_seqs=8, hidden_size=64)
+    with cpu_replay.cpu_stubs(cfg), cpu_replay.stock_or_patched(False):
+        manager = cpu_replay.build_manager(cfg)
+        plan = seams.capture_plan(manager)
+        assert plan is seams.capture_plan(manager) and set(plan) <= set(CUDAGraphMode)
+        assert [d.num_tokens for d in plan[CUDAGraphMode.PIECEWISE]] == [8, 4, 2, 1]  # vLLM's own: descending
+        result = cpu_replay.run_capture(manager, cfg, cpu_replay.ascending)
+    assert result.forwards[:3] == [1, 1, 2]  # the 1-token graph first, then the 2-token one: stock's crash
+    assert result.error is not None and "(1) must match the existing size (2)" in result.error
+    assert [d.num_tokens for d in plan[CUDAGraphMode.PIECEWISE]] == [1, 2, 4, 8]

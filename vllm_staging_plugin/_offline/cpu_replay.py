@@ -211,7 +211,7 @@ def cpu_stubs(cfg: ReplayConfig) -> Iterator[types.ModuleType]:
 
         limit = getattr(self, "_max_full_descs_to_capture", None)  # profiling hook, 0.29+
         for mode in (CUDAGraphMode.PIECEWISE, CUDAGraphMode.FULL):
-            descs = self._capture_descs.get(mode, [])
+            descs = seams.capture_plan(self).get(mode, [])
             if mode == CUDAGraphMode.FULL and limit is not None:
                 descs = descs[:limit]
             for desc in descs:
@@ -288,10 +288,11 @@ def run_capture(manager: Any, cfg: ReplayConfig, reorder: Reorder | None = None)
 
     from .._engine.sizing import capture_sequence, staging_capacity
 
+    plan = seams.capture_plan(manager)
     if reorder is not None:  # simulate another capture order on stock and patched alike
-        for mode, descs in manager._capture_descs.items():
-            manager._capture_descs[mode] = reorder(list(descs))
-    rows = max(staging_capacity(manager._capture_descs), 1)
+        for mode, descs in plan.items():
+            plan[mode] = reorder(list(descs))
+    rows = max(staging_capacity(plan), 1)
     inputs = InputBuffers(cfg.max_num_seqs, rows, torch.device("cpu"))
     upstream = None
     if not cfg.first_pp_rank:
@@ -316,8 +317,8 @@ def run_capture(manager: Any, cfg: ReplayConfig, reorder: Reorder | None = None)
     return ReplayResult(
         ok=error is None,
         error=error,
-        sequence=capture_sequence(manager._capture_descs),
-        capacity=staging_capacity(manager._capture_descs),
+        sequence=capture_sequence(plan),
+        capacity=staging_capacity(plan),
         buffers=staging_buffer_bytes(manager),
         forwards=model.forwards,
     )

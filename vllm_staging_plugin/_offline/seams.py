@@ -86,6 +86,14 @@ def graph_pool_stub(platform: Any, pool: Any) -> Iterator[None]:
         yield
 
 
+def capture_plan(manager: Any) -> dict[Any, list[Any]]:
+    """The manager's capture plan: CUDA-graph mode -> its batch descriptors, in the order vLLM captures
+    them; reordering a list in place changes what ``capture()`` runs. Private:
+    ``ModelCudaGraphManager._capture_descs`` (0.18.0-0.33.0), which the engine's structure check
+    (``_engine/compat.check_manager``) requires too: a vLLM without it is refused before this is asked."""
+    return manager._capture_descs  # type: ignore[no-any-return]
+
+
 def manager_features(cudagraph_module: Any) -> dict[str, bool]:
     """Which descriptor knobs the release's graph manager has, read from its structure (not its version).
     Privates: ``ModelCudaGraphManager.__init__``'s parameters and the source text of

@@ -21,11 +21,11 @@ Outcome = dict[str, Any]
 
 def descriptors(cfg: ReplayConfig) -> Descriptors:
     """The real manager's descriptor lists for ``cfg``, stock, as a hashable value."""
-    from vllm_staging_plugin._offline import cpu_replay
+    from vllm_staging_plugin._offline import cpu_replay, seams
 
     with cpu_replay.cpu_stubs(cfg), cpu_replay.stock_or_patched(False):
         manager = cpu_replay.build_manager(cfg)
-    return tuple((mode.name, tuple(descs)) for mode, descs in manager._capture_descs.items())
+    return tuple((mode.name, tuple(descs)) for mode, descs in seams.capture_plan(manager).items())
 
 
 def outcome(cfg: ReplayConfig) -> Outcome:

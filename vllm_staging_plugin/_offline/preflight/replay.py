@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..._engine.settings import Settings
-from .. import cpu_replay
+from .. import cpu_replay, seams
 from .configure import ManagerInputs
 from .result import Arm
 
@@ -98,10 +98,11 @@ def replay_arm(
             varlen_decode=inputs.varlen_decode,
             **kwargs,
         )
-        by_name = {getattr(mode, "name", str(mode)): mode for mode in manager._capture_descs}
+        descs = seams.capture_plan(manager)
+        by_name = {getattr(mode, "name", str(mode)): mode for mode in descs}
         flat = [(by_name[name], d) for name in CAPTURE_MODE_ORDER if name in by_name
-                for d in manager._capture_descs[by_name[name]]]  # fmt: skip
-        plan = capture_sequence(manager._capture_descs)  # vLLM's own order, before any policy
+                for d in descs[by_name[name]]]  # fmt: skip
+        plan = capture_sequence(descs)  # vLLM's own order, before any policy
         result = cpu_replay.run_capture(manager, cfg)
     ran = _ran(result.forwards, flat)
     arm = Arm(ok=result.ok, error=result.error, sequence=_by_mode(ran), buffers=result.buffers)
