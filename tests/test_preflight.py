@@ -19,7 +19,7 @@ from fakes import installed, is_patched
 pytest.importorskip("vllm.v1.worker.gpu.cudagraph_utils")
 
 import vllm_staging_plugin
-from vllm_staging_plugin._offline import cpu_replay, preflight
+from vllm_staging_plugin._offline import cpu_replay, preflight, seams
 from vllm_staging_plugin._offline.cli import main
 
 pytestmark = [pytest.mark.contract, pytest.mark.usefixtures("model_inspection_cache")]
@@ -207,7 +207,24 @@ def _process_state() -> dict[str, Any]:
         "platform": id(vllm.platforms.current_platform),
         "bindings": {name: id(vars(module)["current_platform"]) for name, module in list(sys.modules.items())
                      if name.startswith("vllm.") and "current_platform" in vars(module)},
+        "modules": {name: id(module) for name, module in list(sys.modules.items())},
+        "globals": {name: {k: id(vars(module)[k]) for k in ("HAS_TRITON", "PIN_MEMORY") if k in vars(module)}
+                    for name, module in list(sys.modules.items()) if name.startswith("vllm.")},
+        "classes": [dict(vars(c)) for c in (type(vllm.platforms.current_platform), cls,
+                                            cpu_replay.cudagraph_module().CudaGraphManager)],
     }  # fmt: skip
+
+
+def assert_left_as_found(before: dict[str, Any], after: dict[str, Any]) -> None:
+    """``after`` equals ``before`` except for modules first imported in between (kept, as imports are),
+    none of them a stand-in the check made for vLLM's CUDA kernel libraries."""
+    added = set(after["modules"]) - set(before["modules"])
+    assert not added & {*seams.platform.NATIVE_OP_MODULES, "vllm.platforms.cuda"}
+    for key in ("modules", "bindings", "globals"):
+        assert {k: v for k, v in after[key].items() if k not in added} == before[key], key
+    assert {k: v for k, v in after.items() if k not in ("modules", "bindings", "globals")} == {
+        k: v for k, v in before.items() if k not in ("modules", "bindings", "globals")
+    }
 
 
 @pytest.mark.usefixtures("offline")
@@ -233,13 +250,8 @@ def test_an_in_process_preflight_leaves_the_process_as_it_found_it(
     result = preflight.run([model_folder(tmp_path / "model", config), *NO_WEIGHTS, *argv])
     after = _process_state()
     assert result.plugin_boots and result.platform["emulated"] is not machine.is_cuda_alike()
-    assert {k: v for k, v in after.items() if k != "bindings"} == {
-        k: v for k, v in before.items() if k != "bindings"
-    }
-    assert (
-        before["bindings"]
-        and {name: after["bindings"][name] for name in before["bindings"]} == before["bindings"]
-    )
+    assert before["bindings"]
+    assert_left_as_found(before, after)
     assert set(after["bindings"].values()) <= {id(machine)}  # modules first imported during the check too
     if not machine.is_cuda_alike():
         assert "vllm.platforms.cuda" not in sys.modules  # later imports fail as before the check
@@ -310,14 +322,6 @@ def test_a_question_to_vllms_missing_kernel_library_exits_3_naming_it(
     assert "some_new_capability_query" in out["message"] and "run the check on the GPU host" in out["message"]
 
 
-def test_the_cutlass_capability_answers_follow_vllms_cuda_build() -> None:
-    answers = preflight.platform._kernel_queries()
-    fp8, block, fp4 = (answers[f"cutlass_scaled_mm_supports_{k}"] for k in ("fp8", "block_fp8", "fp4"))
-    assert [fp8(c) for c in (80, 86, 89, 90, 100)] == [False, False, True, True, True]
-    assert [block(c) for c in (89, 90, 100, 120)] == [False, True, True, True]
-    assert [fp4(c) for c in (90, 100, 120)] == [False, True, True]
-
-
 @pytest.mark.usefixtures("offline")
 def test_a_check_option_after_the_separator_is_pointed_back_before_it(tmp_path: Path, capsys: Any) -> None:
     model = model_folder(tmp_path / "qwen3", QWEN3_0_6B)
@@ -342,3 +346,21 @@ def test_a_phase_inside_another_is_counted_as_its_own() -> None:
     seconds = phases.seconds
     assert seconds["inspect"] >= 0.1 and seconds["configure"] >= 0.05
     assert abs(seconds["inspect"] + seconds["configure"] - wall) < 0.01  # each second counted once
+
+
+@pytest.mark.usefixtures("offline")
+def test_every_tool_path_leaves_the_process_as_it_found_it(tmp_path: Path, capsys: Any) -> None:
+    """Through the command line: a check that emulates the GPU and replays staging, the main job, and a
+    check that also builds vLLM's KDA metadata on CPU; each leaves the process as the in-process check
+    above does."""
+    kimi = model_folder(tmp_path / "kimi", KIMI_LINEAR_4_LAYERS)
+    runs = {
+        "check": ["check", "--json", "--", model_folder(tmp_path / "qwen3", QWEN3_0_6B), *NO_WEIGHTS],
+        "main job": [],
+        "check, KDA": ["check", "--json", "--", kimi, *NO_WEIGHTS, *KIMI_CRASH],
+    }
+    for argv in runs.values():
+        before = _process_state()
+        main(argv)
+        assert_left_as_found(before, _process_state())
+        capsys.readouterr()

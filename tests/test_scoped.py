@@ -6,7 +6,7 @@ import types
 
 import pytest
 
-from vllm_staging_plugin._offline.scoped import attributes, items
+from vllm_staging_plugin._offline.scoped import attributes, items, kept
 
 
 def test_values_hold_inside_the_block_and_the_old_ones_come_back() -> None:
@@ -51,3 +51,12 @@ def test_mapping_items_come_back_and_new_ones_go() -> None:
     with pytest.raises(RuntimeError), items(mapping, {"added": "5"}):
         raise RuntimeError
     assert mapping == {"kept": "1", "removed": "2"}
+
+
+def test_a_kept_mapping_loses_what_the_block_added_and_gets_back_what_it_changed_or_removed() -> None:
+    mapping = {"same": "1", "changed": "2", "removed": "3"}
+    with pytest.raises(RuntimeError), kept(mapping):
+        mapping.update(changed="x", added="y")
+        del mapping["removed"]
+        raise RuntimeError
+    assert mapping == {"same": "1", "changed": "2", "removed": "3"}

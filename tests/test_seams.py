@@ -192,3 +192,60 @@ def test_the_capture_plan_is_the_managers_own_and_reordering_it_changes_the_capt
     assert result.forwards[:3] == [1, 1, 2]  # the 1-token graph first, then the 2-token one: stock's crash
     assert result.error is not None and "(1) must match the existing size (2)" in result.error
     assert [d.num_tokens for d in plan[CUDAGraphMode.PIECEWISE]] == [1, 2, 4, 8]
+
+
+def test_the_cutlass_capability_answers_follow_vllms_cuda_build() -> None:
+    fp8, block, fp4 = (
+        seams.KERNEL_QUERIES[f"cutlass_scaled_mm_supports_{k}"] for k in ("fp8", "block_fp8", "fp4")
+    )
+    assert [fp8(c) for c in (80, 86, 89, 90, 100)] == [False, False, True, True, True]
+    assert [block(c) for c in (89, 90, 100, 120)] == [False, True, True, True]
+    assert [fp4(c) for c in (90, 100, 120)] == [False, True, True]
+
+
+@preflight_release
+def test_the_kernel_library_answers_only_what_this_machine_cannot_and_only_for_the_block() -> None:
+    import torch
+    import vllm._custom_ops as ops
+
+    before = dict(vars(ops))
+    with seams.kernel_library_answers():
+        for name, answer in seams.KERNEL_QUERIES.items():
+            if hasattr(torch.ops._C, name) or name not in before:
+                assert vars(ops).get(name) is before.get(name)  # this machine's own, or not vLLM's question
+            else:
+                assert getattr(ops, name) is answer and ops.cutlass_scaled_mm_supports_fp8(89)
+    assert vars(ops) == before
+
+
+@preflight_release
+def test_vllms_cuda_platform_class_loads_here_and_leaves_the_modules_as_found() -> None:
+    import sys
+
+    import vllm.platforms
+    from vllm.platforms.interface import Platform
+
+    names = (*seams.platform.NATIVE_OP_MODULES, "vllm.platforms.cuda")
+    before = {name: sys.modules.get(name) for name in names}, "cuda" in vars(vllm.platforms)
+    cls = seams.cuda_platform_class()
+    assert issubclass(cls, Platform) and cls.__name__ == "NonNvmlCudaPlatform" and cls.device_name == "cuda"
+    assert ({name: sys.modules.get(name) for name in names}, "cuda" in vars(vllm.platforms)) == before
+
+
+@preflight_release
+def test_the_platform_is_bound_in_every_vllm_module_for_the_block_only() -> None:
+    import sys
+
+    import vllm.config.vllm as config_module
+    import vllm.platforms
+
+    machine, stand_in = vllm.platforms.current_platform, object()
+    bound = [m for m in list(sys.modules.values()) if getattr(m, "__name__", "").startswith("vllm.")
+             and vars(m).get("current_platform") is machine]  # fmt: skip
+    triton = vars(config_module).get("HAS_TRITON")
+    assert bound  # vLLM's modules bind it when imported
+    with seams.platform_bound(machine, stand_in):
+        assert vllm.platforms.current_platform is stand_in and config_module.HAS_TRITON is True
+        assert all(vars(m)["current_platform"] is stand_in for m in bound if m is not vllm.platforms)
+    assert all(vars(m)["current_platform"] is machine for m in bound)
+    assert vllm.platforms.current_platform is machine and vars(config_module).get("HAS_TRITON") == triton

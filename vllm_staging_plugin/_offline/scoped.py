@@ -1,7 +1,7 @@
 """Change a process for one block and put it back exactly, also when the block raises; blocks that change
-several things nest these in a ``contextlib.ExitStack``. Not yet used by the pre-flight's whole-environment
-snapshot (``preflight._environment_kept``), its CUDA platform import (``platform._cuda_platform_class``) and
-its ``current_platform`` rebinding loops."""
+several things nest these in a ``contextlib.ExitStack``. The one process change not made through here is
+the rebinding of ``current_platform`` in every loaded vLLM module (``seams.platform_bound``): the modules
+to put back include those first imported during the block."""
 
 from __future__ import annotations
 
@@ -44,6 +44,21 @@ def items(mapping: MutableMapping[str, Any], values: Mapping[str, Any | None]) -
     finally:
         for key, old in saved.items():
             _put(mapping, key, old)
+
+
+@contextlib.contextmanager
+def kept(mapping: MutableMapping[str, Any]) -> Iterator[None]:
+    """Whatever the block writes to ``mapping`` (``os.environ``: vLLM sets variables while it builds a
+    config), undone after it: keys it added are removed, keys it changed or removed are put back."""
+    saved = dict(mapping)
+    try:
+        yield
+    finally:
+        for key in set(mapping) - set(saved):
+            del mapping[key]
+        for key, value in saved.items():
+            if mapping.get(key, _ABSENT) is not value:
+                mapping[key] = value
 
 
 def _put(mapping: MutableMapping[str, Any], key: str, value: Any) -> None:

@@ -20,6 +20,7 @@ from typing import Any
 
 from ... import __version__
 from ..._engine.settings import ENV_ORDER
+from .. import scoped
 from ..text import first_line
 from . import workaround
 from .configure import (
@@ -45,18 +46,6 @@ __all__ = [
 ]  # fmt: skip
 EXIT_BOOTS, EXIT_FAILS, EXIT_BAD_ARGUMENTS, EXIT_CANNOT_CHECK_HERE = 0, 1, 2, 3
 EXIT_WILL_NOT_SERVE = 4  # boots with the plugin, then vLLM's shared KDA layer faults on a mixed step
-
-
-@contextlib.contextmanager
-def _environment_kept() -> Iterator[None]:
-    """Undo what building the config writes to ``os.environ`` (vLLM sets VLLM_USE_BREAKABLE_CUDAGRAPH)."""
-    saved = dict(os.environ)
-    try:
-        yield
-    finally:
-        for key in set(os.environ) - set(saved):
-            del os.environ[key]
-        os.environ.update(saved)
 
 
 @contextlib.contextmanager
@@ -115,7 +104,7 @@ def run(
     versions = compat.installed_versions()
     if versions["vllm"] is None:
         raise CannotCheckHere("vLLM is not installed in this environment")
-    with _environment_kept(), _installer_kept(), platform_for_check(gpu) as (platform, emulated):
+    with scoped.kept(os.environ), _installer_kept(), platform_for_check(gpu) as (platform, emulated):
         phases.add("imports", time.perf_counter() - started)  # vLLM's modules, under this machine's platform
 
         def configure(words: Sequence[str]) -> Any:

@@ -9,13 +9,11 @@ its device queries answered; docs/preflight.md says exactly what is emulated and
 from __future__ import annotations
 
 import contextlib
-import sys
-import types
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from ..scoped import attributes
+from .. import seams
 from ..text import MIB
 
 
@@ -43,44 +41,11 @@ GPUS = {
 }
 
 
-def _native_op_modules() -> tuple[str, ...]:
-    """The modules ``vllm/platforms/cuda.py`` imports only to register CUDA kernels (they need libcuda)."""
-    return ("vllm._C_stable_libtorch", "vllm._qutlass_C")
-
-
-def _cuda_platform_class() -> type:
-    """vLLM's ``CudaPlatform`` class, importing its kernel libraries as empty modules if they cannot load."""
-    saved = {name: sys.modules.get(name) for name in (*_native_op_modules(), "vllm.platforms.cuda")}
-    try:
-        import vllm.platforms.cuda as cuda
-
-        return cuda.NonNvmlCudaPlatform  # type: ignore[no-any-return]
-    except ImportError:
-        pass
-    for name in _native_op_modules():
-        sys.modules[name] = types.ModuleType(name)  # registers no ops; config building calls none
-    try:
-        sys.modules.pop("vllm.platforms.cuda", None)
-        import vllm.platforms.cuda as cuda
-
-        return cuda.NonNvmlCudaPlatform  # type: ignore[no-any-return]
-    finally:  # leave the process as it was: later imports of these modules fail as before
-        import vllm.platforms
-
-        for name, module in saved.items():
-            if module is None:
-                sys.modules.pop(name, None)
-            else:
-                sys.modules[name] = module
-        if saved["vllm.platforms.cuda"] is None and "cuda" in vars(vllm.platforms):
-            delattr(vllm.platforms, "cuda")
-
-
 def emulated_platform(gpu: Gpu) -> Any:
     """An instance of vLLM's ``CudaPlatform`` whose device queries answer for ``gpu`` (no CUDA calls)."""
     from vllm.platforms.interface import DeviceCapability
 
-    base = _cuda_platform_class()
+    base = seams.cuda_platform_class()
 
     class EmulatedCudaPlatform(base):  # type: ignore[valid-type, misc]
         """vLLM's CUDA platform; only the queries that would need a device are answered from ``gpu``."""
@@ -146,72 +111,19 @@ def _preimport() -> None:
     import vllm.v1.worker.gpu.spec_decode.eagle.eagle3_utils  # noqa: F401
 
 
-def _kernel_queries() -> dict[str, Any]:
-    """Answers for the capability questions vLLM's config code asks its CUDA kernel library (quantized
-    checkpoints: which CUTLASS GEMMs the GPU runs), as vLLM's CUDA build answers them: FP8 from sm_89,
-    block FP8 from sm_90, FP4 from sm_100 (CUDA 12.8+ builds). Asked only where ``torch.ops._C`` lacks
-    them."""
-    return {
-        "cutlass_scaled_mm_supports_fp8": lambda capability: capability >= 89,
-        "cutlass_scaled_mm_supports_block_fp8": lambda capability: capability >= 90,
-        "cutlass_scaled_mm_supports_fp4": lambda capability: capability >= 100,
-    }
-
-
-@contextlib.contextmanager
-def _kernel_queries_answered() -> Iterator[None]:
-    import torch
-    import vllm._custom_ops as ops
-
-    answers = {name: fn for name, fn in _kernel_queries().items()
-               if not hasattr(torch.ops._C, name) and hasattr(ops, name)}  # fmt: skip
-    with attributes(ops, answers):
-        yield
-
-
 @contextlib.contextmanager
 def platform_for_check(gpu: Gpu) -> Iterator[tuple[Any, bool]]:
-    """Yield ``(platform, emulated)``: the machine's CUDA/ROCm platform, or the emulated CUDA one.
-
-    vLLM modules bind ``current_platform`` when imported; while emulating, every loaded ``vllm.*``
-    module's binding (and ``vllm.platforms``' own) points at the emulated platform, and is put back after.
-    ``vllm.config.vllm.HAS_TRITON`` reads True as on a CUDA host (vLLM's CUDA wheels require Triton), so
-    vLLM picks the model runner it would pick there.
-    """
-    import vllm.platforms
-
+    """Yield ``(platform, emulated)``: the machine's CUDA/ROCm platform, or the emulated CUDA one, bound as
+    vLLM's ``current_platform`` for the block (``seams.platform_bound``) with the CUDA kernel library's
+    capability questions answered (``seams.kernel_library_answers``)."""
     machine = _machine_platform()
     if not _needs_emulation(machine):
         yield machine, False
         return
     _preimport()
     emulated = emulated_platform(gpu)
-    import vllm.config.vllm as config_module
-
-    # vllm.platforms binds current_platform only once resolved (else its module __getattr__ resolves it
-    # lazily): attributes() puts back exactly that, bound or not
-    try:
-        with attributes(vllm.platforms, {"current_platform": emulated}), \
-                attributes(config_module, {"HAS_TRITON": True}):  # fmt: skip
-            for module in list(sys.modules.values()):
-                if _binds(module, machine):
-                    setattr(module, "current_platform", emulated)  # noqa: B010
-            with _kernel_queries_answered():
-                yield emulated, True
-    finally:
-        for module in list(sys.modules.values()):  # also modules first imported during the check
-            if _binds(module, emulated):
-                setattr(module, "current_platform", machine)  # noqa: B010
-
-
-def _binds(module: Any, platform: Any) -> bool:
-    name = getattr(module, "__name__", "")
-    return (
-        isinstance(name, str)
-        and name.startswith("vllm.")
-        and name != "vllm.platforms"
-        and vars(module).get("current_platform") is platform
-    )
+    with seams.platform_bound(machine, emulated), seams.kernel_library_answers():
+        yield emulated, True
 
 
 def node_gpus(args: Any) -> int:

@@ -1,16 +1,5 @@
-"""The offline code's door into vLLM's private internals: each function here names the private it uses, the
-release it was read on, and what happens when vLLM changes it. Contract tests run each against the installed
-vLLM (tests/test_seams.py).
-
-A changed private makes a function here raise (``SeamChanged``, or vLLM's own AttributeError), or return
-"does not apply", never a wrong answer: the caller reports that the check could not be made. Still reached
-from elsewhere (to move here): the pre-flight's emulated platform (``preflight/platform.py``: vLLM's CUDA
-platform class, ``current_platform`` bindings, ``HAS_TRITON``, ``vllm._custom_ops``), the pre-flight's
-classification of vLLM's error texts and its copy of Model Runner V2's manager set-up
-(``preflight/configure.py``), the CPU replay's CUDA edges (``cpu_replay.cpu_stubs``), and the manager's
-``_capture_descs`` (read in ``cpu_replay.run_capture``, ``preflight/replay.py``, ``atlas/replay.py``; the
-engine's own structure check requires it).
-"""
+"""Seams into vLLM's Kimi KDA layers: which layer a model builds, and the state index its speculative kernel
+gets on a step that mixes a speculative decode with a prefill (built on CPU from vLLM's own metadata)."""
 
 from __future__ import annotations
 
@@ -21,11 +10,9 @@ import sys
 from collections.abc import Iterator
 from typing import Any
 
-from .scoped import attributes
-
-
-class SeamChanged(Exception):
-    """The installed vLLM no longer has a private this module relies on; the message names it."""
+from ..scoped import attributes
+from .changed import SeamChanged
+from .config import model_class
 
 
 @dataclasses.dataclass(frozen=True)
@@ -54,85 +41,6 @@ class _Built(Exception):
     def __init__(self, cls: type) -> None:
         super().__init__(cls.__qualname__)
         self.cls = cls
-
-
-def derive_capture_sizes(vllm_config: Any) -> list[int]:
-    """The capture grid vLLM derives for ``vllm_config`` (which holds no explicit sizes), set on its
-    compilation config and returned. Private: ``VllmConfig._set_cudagraph_sizes`` (0.18.0-0.33.0), the
-    method vLLM's own ``__post_init__`` calls; renamed or gone, AttributeError names it."""
-    vllm_config._set_cudagraph_sizes()
-    return list(vllm_config.compilation_config.cudagraph_capture_sizes)
-
-
-@contextlib.contextmanager
-def capability_family(family: int) -> Iterator[None]:
-    """For the block, the platform answers ``is_device_capability_family(family)`` with yes (e.g. 100:
-    data-centre Blackwell, whose derived-grid ceiling is 1024 where others have 512). Private: the
-    classmethod on the platform class of ``current_platform``, which ``_set_cudagraph_sizes`` asks
-    (0.28.0-0.33.0); gone, the question is not asked and the answer changes nothing."""
-    from vllm.platforms import current_platform
-
-    answer = classmethod(lambda _, capability, device_id=0: capability // 10 == family // 10)
-    with attributes(type(current_platform), {"is_device_capability_family": answer}):
-        yield
-
-
-@contextlib.contextmanager
-def graph_pool_stub(platform: Any, pool: Any) -> Iterator[None]:
-    """For the block, ``platform.get_global_graph_pool()`` returns ``pool`` without CUDA (a manager built
-    on CPU asks the platform its module bound, in ``__init__``). Private: the platform class's
-    ``_global_graph_pool`` cache (0.18.0-0.33.0), which that getter returns when set."""
-    with attributes(type(platform), {"_global_graph_pool": pool}):
-        yield
-
-
-def capture_plan(manager: Any) -> dict[Any, list[Any]]:
-    """The manager's capture plan: CUDA-graph mode -> its batch descriptors, in the order vLLM captures
-    them; reordering a list in place changes what ``capture()`` runs. Private:
-    ``ModelCudaGraphManager._capture_descs`` (0.18.0-0.33.0), which the engine's structure check
-    (``_engine/compat.check_manager``) requires too: a vLLM without it is refused before this is asked."""
-    return manager._capture_descs  # type: ignore[no-any-return]
-
-
-def manager_features(cudagraph_module: Any) -> dict[str, bool]:
-    """Which descriptor knobs the release's graph manager has, read from its structure (not its version).
-    Privates: ``ModelCudaGraphManager.__init__``'s parameters and the source text of
-    ``CudaGraphManager._init_candidates`` and ``ModelCudaGraphManager.__init__`` (0.18.0-0.33.0); a knob
-    renamed there reads as absent, and the search then runs at that knob's default only."""
-    import inspect
-
-    params = inspect.signature(cudagraph_module.ModelCudaGraphManager.__init__).parameters
-    candidates = inspect.getsource(cudagraph_module.CudaGraphManager._init_candidates)
-    init = inspect.getsource(cudagraph_module.ModelCudaGraphManager.__init__)
-    return {
-        "lora_capture_cases": "lora_capture_cases" in params,
-        "varlen_decode": "varlen_decode" in params,
-        "dbo": "ubatch_runner" in params and "_maybe_ubatch_twin" in candidates,
-        "kda_recoverssm": "use_kda_recoverssm" in candidates,
-        "dense_schedule": "uses_dynamic_speculative_decoding" in candidates,
-        "intermediate_tensors": "intermediate_tensors" in init,
-    }
-
-
-def inspect_architecture(architecture: str) -> None:
-    """Have vLLM's registry inspect ``architecture`` (its subprocess the first time, then its cache).
-    Private: ``ModelRegistry._try_inspect_model_cls`` (0.18.0-0.33.0); the configuration build calls it
-    anyway, so without it the inspection happens there instead."""
-    from vllm.model_executor.models.registry import ModelRegistry
-
-    if architecture in ModelRegistry.models:
-        inspect = getattr(ModelRegistry, "_try_inspect_model_cls", None)
-        if inspect is not None:
-            inspect(architecture)
-
-
-def model_class(vllm_config: Any) -> Any:
-    """The model class vLLM resolves for the configuration (``ModelRegistry.resolve_model_cls``, 0.18+)."""
-    from vllm.model_executor.models import ModelRegistry
-
-    model_config = vllm_config.model_config
-    cls, _ = ModelRegistry.resolve_model_cls(model_config.architectures, model_config)
-    return cls
 
 
 def kda_layer_class(vllm_config: Any) -> Any:

@@ -1,0 +1,51 @@
+"""Seams into vLLM's configuration code: the capture grid it derives and the model class it resolves."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import Any
+
+from ..scoped import attributes
+
+
+def derive_capture_sizes(vllm_config: Any) -> list[int]:
+    """The capture grid vLLM derives for ``vllm_config`` (which holds no explicit sizes), set on its
+    compilation config and returned. Private: ``VllmConfig._set_cudagraph_sizes`` (0.18.0-0.33.0), the
+    method vLLM's own ``__post_init__`` calls; renamed or gone, AttributeError names it."""
+    vllm_config._set_cudagraph_sizes()
+    return list(vllm_config.compilation_config.cudagraph_capture_sizes)
+
+
+@contextlib.contextmanager
+def capability_family(family: int) -> Iterator[None]:
+    """For the block, the platform answers ``is_device_capability_family(family)`` with yes (e.g. 100:
+    data-centre Blackwell, whose derived-grid ceiling is 1024 where others have 512). Private: the
+    classmethod on the platform class of ``current_platform``, which ``_set_cudagraph_sizes`` asks
+    (0.28.0-0.33.0); gone, the question is not asked and the answer changes nothing."""
+    from vllm.platforms import current_platform
+
+    answer = classmethod(lambda _, capability, device_id=0: capability // 10 == family // 10)
+    with attributes(type(current_platform), {"is_device_capability_family": answer}):
+        yield
+
+
+def inspect_architecture(architecture: str) -> None:
+    """Have vLLM's registry inspect ``architecture`` (its subprocess the first time, then its cache).
+    Private: ``ModelRegistry._try_inspect_model_cls`` (0.18.0-0.33.0); the configuration build calls it
+    anyway, so without it the inspection happens there instead."""
+    from vllm.model_executor.models.registry import ModelRegistry
+
+    if architecture in ModelRegistry.models:
+        inspect = getattr(ModelRegistry, "_try_inspect_model_cls", None)
+        if inspect is not None:
+            inspect(architecture)
+
+
+def model_class(vllm_config: Any) -> Any:
+    """The model class vLLM resolves for the configuration (``ModelRegistry.resolve_model_cls``, 0.18+)."""
+    from vllm.model_executor.models import ModelRegistry
+
+    model_config = vllm_config.model_config
+    cls, _ = ModelRegistry.resolve_model_cls(model_config.architectures, model_config)
+    return cls
