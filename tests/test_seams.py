@@ -249,3 +249,36 @@ def test_the_platform_is_bound_in_every_vllm_module_for_the_block_only() -> None
         assert all(vars(m)["current_platform"] is stand_in for m in bound if m is not vllm.platforms)
     assert all(vars(m)["current_platform"] is machine for m in bound)
     assert vllm.platforms.current_platform is machine and vars(config_module).get("HAS_TRITON") == triton
+
+
+@preflight_release
+def test_vllms_own_config_failures_are_sorted_by_their_sentences() -> None:
+    """The sentences vLLM's registry raises for an architecture it cannot inspect or does not know, and
+    torch's for a query of the absent CUDA kernel library (as vLLM's quantization setup asks it)."""
+    import torch
+    from vllm.model_executor.models.registry import ModelRegistry
+
+    def failure(call: Any) -> tuple[str, str]:
+        with pytest.raises(Exception) as caught:
+            call()
+        return seams.config_failure(caught.value)
+
+    kind, text = failure(lambda: ModelRegistry._raise_for_unsupported(["Qwen3ForCausalLM"]))
+    assert kind == "inspection" and "Qwen3ForCausalLM" in text
+    kind, text = failure(lambda: ModelRegistry._raise_for_unsupported(["NoSuchModelForCausalLM"]))
+    assert kind == "unknown-architecture" and text.endswith("are not supported for now")
+    assert failure(lambda: torch.ops._C.no_such_capability_query)[0] == "kernel-library"
+    assert failure(lambda: int("x"))[0] == "refusal"
+
+
+@preflight_release
+def test_the_manager_inputs_are_what_model_runner_v2_would_pass(kimi_linear: str) -> None:
+    inputs = seams.manager_inputs(vllm_config(kimi_linear, "--use-replayssm", *NGRAM_8))
+    assert (inputs.cudagraph_mode, inputs.decode_query_len, inputs.lora_capture_cases) == (
+        "FULL_AND_PIECEWISE",
+        9,
+        [0],
+    )
+    hidden = KIMI_LINEAR_4_LAYERS["hidden_size"]
+    assert (inputs.hidden_size, str(inputs.dtype), inputs.aux_layers) == (hidden, "torch.bfloat16", 0)
+    assert not inputs.varlen_decode and not inputs.dbo and inputs.notes

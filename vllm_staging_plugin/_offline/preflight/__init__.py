@@ -20,7 +20,7 @@ from typing import Any
 
 from ... import __version__
 from ..._engine.settings import ENV_ORDER
-from .. import scoped
+from .. import scoped, seams
 from ..text import first_line
 from . import workaround
 from .configure import (
@@ -32,7 +32,6 @@ from .configure import (
     check_order,
     create_engine_config,
     inspect_model_classes,
-    manager_inputs,
     parse_serve_arguments,
 )
 from .phases import Phases
@@ -132,7 +131,7 @@ def run(
             compat.manager_class(cpu_replay.cudagraph_module())
         except compat.IncompatibleVllm as exc:
             raise CannotCheckHere(f"this vLLM has no supported manager: {exc}") from exc
-        inputs = manager_inputs(vllm_config)
+        inputs = seams.manager_inputs(vllm_config)
         parallel = vllm_config.parallel_config
         stages: list[StageResult] = []
         with phases.phase("replay"):
@@ -151,7 +150,7 @@ def run(
 
             def stock_check(words: Sequence[str]) -> tuple[bool, dict[str, list[int]], list[int]]:
                 config = configure(words)
-                runs = replay_stock(config, manager_inputs(config))
+                runs = replay_stock(config, seams.manager_inputs(config))
                 used = sorted(config.compilation_config.cudagraph_capture_sizes or [])
                 return all(arm.ok for _, arm, _ in runs), runs[-1][2], used
 

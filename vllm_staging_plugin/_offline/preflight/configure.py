@@ -1,5 +1,5 @@
-"""The pre-flight's configuration: vLLM's own ``vllm serve`` parser and ``create_engine_config``, then the
-inputs Model Runner V2 would give ``ModelCudaGraphManager``."""
+"""The pre-flight's configuration: vLLM's own ``vllm serve`` parser and ``create_engine_config``, with its
+failures sorted into bad arguments and what this machine cannot check."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ import io
 import json
 import os
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
+from .. import seams
 from ..text import first_line
 
 GPU_HOST = "run the check on the GPU host, where vLLM's own CUDA platform answers"
@@ -171,8 +171,6 @@ def inspect_model_classes(model: str) -> None:
             architectures = json.load(f).get("architectures") or []
     except (OSError, ValueError, AttributeError):
         return
-    from .. import seams
-
     for architecture in architectures:
         if isinstance(architecture, str):
             seams.inspect_architecture(architecture)
@@ -192,20 +190,20 @@ def create_engine_config(args: argparse.Namespace) -> Any:
             f"{exc}); {GPU_HOST}"
         ) from exc
     except Exception as exc:
-        text = f"{type(exc).__name__}: {exc}"
-        if "'_OpNamespace'" in text:  # a query of vLLM's CUDA kernel library (torch.ops._C), absent here
+        kind, text = seams.config_failure(exc)
+        if kind == "kernel-library":
             raise CannotCheckHere(
                 f"building the configuration asks vLLM's CUDA kernel library, which this machine does not "
                 f"have ({first_line(text)}); {GPU_HOST}"
             ) from exc
-        if "failed to be inspected" in text:
+        if kind == "inspection":
             raise CannotCheckHere(
                 f"vLLM cannot inspect the model class on this machine ({first_line(text)}); {GPU_HOST}"
             ) from exc
-        if "are not supported for now" in text:  # vLLM appends its 11 KB list of architectures
+        if kind == "unknown-architecture":
             raise BadArguments(
-                f"{condense(text).split('. Supported architectures')[0]}: vLLM {_vllm_version()} does not "
-                "know this architecture (check `architectures` in config.json and the vLLM version)"
+                f"{condense(text)}: vLLM {_vllm_version()} does not know this architecture (check "
+                "`architectures` in config.json and the vLLM version)"
             ) from exc
         raise BadArguments(condense(text)) from exc
 
@@ -225,94 +223,3 @@ def _vllm_version() -> str:
     from ..._engine import compat
 
     return compat.installed_versions()["vllm"] or "?"
-
-
-@dataclass
-class ManagerInputs:
-    """What Model Runner V2 passes to ``ModelCudaGraphManager`` and what the staging copy writes."""
-
-    cudagraph_mode: str
-    decode_query_len: int
-    lora_capture_cases: list[int]
-    varlen_decode: bool
-    hidden_size: int
-    dtype: Any
-    aux_layers: int
-    dbo: bool = False
-    notes: list[str] = field(default_factory=list)
-
-
-def manager_inputs(vllm_config: Any) -> ManagerInputs:
-    """Mirror ``GPUModelRunner`` (MRv2) ``load_model``/``initialize_kv_cache`` up to the manager's birth.
-
-    Parts that need the loaded model or its attention backends are taken at their usual values and
-    listed in ``notes``.
-    """
-    import vllm.envs as envs
-    from vllm.config.compilation import CompilationMode
-    from vllm.v1.attention.backend import AttentionCGSupport
-    from vllm.v1.worker.gpu.lora_utils import get_lora_capture_cases
-    from vllm.v1.worker.gpu.spec_decode.eagle.eagle3_utils import requires_aux_hidden_states
-
-    notes: list[str] = []
-    # decode_query_len = num_speculative_steps + model_state.num_new_sampled_tokens_per_step (1 for
-    # every ModelState in 0.33.0 except the diffusion-Gemma one).
-    decode_query_len = int(vllm_config.num_speculative_tokens) + 1
-    compilation = vllm_config.compilation_config
-    piecewise = bool(envs.VLLM_USE_BREAKABLE_CUDAGRAPH) or compilation.mode == CompilationMode.VLLM_COMPILE
-    mode = compilation.resolve_cudagraph_mode_and_sizes(
-        AttentionCGSupport.ALWAYS,
-        None,
-        decode_query_len,
-        use_v2_model_runner=True,
-        kv_cache_config=None,
-        max_num_reqs=vllm_config.scheduler_config.max_num_seqs,
-        is_profiling=False,
-        piecewise_capture_available=piecewise,
-    )
-    notes.append(
-        "attention backends assumed to support every CUDA-graph mode (vLLM downgrades the mode at "
-        "boot when the loaded backends do not)"
-    )
-    lora_cases = [0]
-    if vllm_config.lora_config:
-        lora_cases = list(get_lora_capture_cases(vllm_config.lora_config, compilation))
-    spec = vllm_config.speculative_config
-    varlen = bool(spec is not None and getattr(spec, "enable_adaptive_verification", False))
-    aux_layers = 0
-    if spec is not None and requires_aux_hidden_states(spec):
-        aux_layers = _aux_layer_count(spec)
-        notes.append(f"{aux_layers} auxiliary hidden-state buffers (the draft's layer ids, else vLLM's 3)")
-    dbo = bool(getattr(vllm_config.parallel_config, "enable_dbo", False))
-    model_config = vllm_config.model_config
-    return ManagerInputs(
-        dbo=dbo,
-        cudagraph_mode=str(mode.name),
-        decode_query_len=decode_query_len,
-        lora_capture_cases=lora_cases,
-        varlen_decode=varlen,
-        hidden_size=int(model_config.get_hidden_size()),
-        dtype=model_config.dtype,
-        aux_layers=aux_layers,
-        notes=notes,
-    )
-
-
-def _aux_layer_count(spec: Any) -> int:
-    """How many auxiliary hidden states the runner stages: vLLM's own reading of the draft's config
-    where this release has it (EAGLE3 ids, DFlash and DSpark target layers), else the EAGLE3 ids or 3."""
-    try:
-        from vllm.v1.worker.gpu.spec_decode.eagle.eagle3_utils import get_eagle3_aux_layers_from_config
-    except ImportError:
-        pass
-    else:
-        ids = get_eagle3_aux_layers_from_config(spec)
-        if ids:
-            return len(ids)
-    draft = getattr(getattr(spec, "draft_model_config", None), "hf_config", None)
-    for source in (draft, getattr(draft, "eagle_config", None)):
-        ids = source.get("eagle_aux_hidden_state_layer_ids") if isinstance(source, dict) else None
-        ids = ids or getattr(source, "eagle_aux_hidden_state_layer_ids", None)
-        if ids:
-            return len(ids)
-    return 3

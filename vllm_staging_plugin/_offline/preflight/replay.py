@@ -8,7 +8,6 @@ from typing import Any
 
 from ..._engine.settings import Settings
 from .. import cpu_replay, seams
-from .configure import ManagerInputs
 from .result import Arm
 
 
@@ -51,7 +50,9 @@ def pipeline_stages(pipeline_parallel_size: int) -> list[Stage]:
     return [Stage(0, True, False), *middle, Stage(pp - 1, False, True)]
 
 
-def replay_stock(vllm_config: Any, inputs: ManagerInputs) -> list[tuple[Stage, Arm, dict[str, list[int]]]]:
+def replay_stock(
+    vllm_config: Any, inputs: seams.ManagerInputs
+) -> list[tuple[Stage, Arm, dict[str, list[int]]]]:
     """Stock in vLLM's own order at every pipeline stage: (stage, arm, vLLM's plan) each."""
     stages = pipeline_stages(int(vllm_config.parallel_config.pipeline_parallel_size))
     return [(stage, *replay_arm(vllm_config, inputs, patched=False, stage=stage)) for stage in stages]
@@ -59,7 +60,7 @@ def replay_stock(vllm_config: Any, inputs: ManagerInputs) -> list[tuple[Stage, A
 
 def replay_arm(
     vllm_config: Any,
-    inputs: ManagerInputs,
+    inputs: seams.ManagerInputs,
     patched: bool,
     stage: Stage = Stage(0, True, True),
     settings: Settings = cpu_replay.PATCHED,

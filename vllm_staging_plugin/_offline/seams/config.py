@@ -49,3 +49,22 @@ def model_class(vllm_config: Any) -> Any:
     model_config = vllm_config.model_config
     cls, _ = ModelRegistry.resolve_model_cls(model_config.architectures, model_config)
     return cls
+
+
+def config_failure(exc: BaseException) -> tuple[str, str]:
+    """What a failed ``create_engine_config`` means, read from the sentence vLLM (or torch) raised, and its
+    text: ``kernel-library``, a capability query to vLLM's CUDA kernel library (``torch.ops._C``), absent
+    on a machine without CUDA; ``inspection``, vLLM's registry knows the architecture but could not
+    inspect it here; ``unknown-architecture``, vLLM does not know it (the text stops before vLLM's
+    11 KB list of supported architectures); ``refusal``, anything else: vLLM's own refusal of the
+    arguments. Privates: the sentences of ``ModelRegistry._raise_for_unsupported`` and torch's
+    ``_OpNamespace`` AttributeError (0.32.0-0.33.0); a changed sentence reads as ``refusal``, whose text
+    is then vLLM's own."""
+    text = f"{type(exc).__name__}: {exc}"
+    if "'_OpNamespace'" in text:
+        return "kernel-library", text
+    if "failed to be inspected" in text:
+        return "inspection", text
+    if "are not supported for now" in text:
+        return "unknown-architecture", text.split(". Supported architectures")[0]
+    return "refusal", text
