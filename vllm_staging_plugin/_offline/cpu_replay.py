@@ -23,7 +23,6 @@ from .._engine.settings import Settings
 from .._engine.staging import staging_buffer_bytes, staging_tensors
 from .._engine.wrapping import ClassWrap
 from . import seams
-from .scoped import attributes
 
 PATCHED = Settings(strict=True)
 """The patched arm's settings unless a tool passes its own: vLLM's order, pre-sizing on, strict (a plugin
@@ -194,49 +193,8 @@ def _pattern(n: int, cfg: ReplayConfig, salt: int) -> torch.Tensor:
 @contextlib.contextmanager
 def cpu_stubs(cfg: ReplayConfig) -> Iterator[types.ModuleType]:
     """Stub the CUDA-only edges of ``cudagraph_utils`` for the duration of the block."""
-    from vllm.config.compilation import CUDAGraphMode
-
-    cu = cudagraph_module()
-    pp_group = types.SimpleNamespace(is_first_rank=cfg.first_pp_rank, is_last_rank=cfg.last_pp_rank)
-
-    def stored_order_capture(
-        self: Any, create_forward_fn: Any, progress_bar_desc: str = ""
-    ) -> dict[Any, Any]:
-        takes_warmup = "warmup" in inspect.signature(create_forward_fn).parameters  # 0.19+
-
-        def forward(desc: Any, warmup: bool) -> None:
-            made = create_forward_fn(desc, warmup=warmup) if takes_warmup else create_forward_fn(desc)
-            # 0.24-0.27 return (forward_fn, attention_state); others return forward_fn
-            (made[0] if isinstance(made, tuple) else made)(CUDAGraphMode.NONE)
-
-        limit = getattr(self, "_max_full_descs_to_capture", None)  # profiling hook, 0.29+
-        for mode in (CUDAGraphMode.PIECEWISE, CUDAGraphMode.FULL):
-            descs = seams.capture_plan(self).get(mode, [])
-            if mode == CUDAGraphMode.FULL and limit is not None:
-                descs = descs[:limit]
-            for desc in descs:
-                forward(desc, warmup=True)
-                forward(desc, warmup=False)
-        self._graphs_captured = True
-        return {}
-
-    replacements: list[tuple[Any, str, Any]] = [
-        (cu, "get_pp_group", lambda: pp_group),
-        (cu, "prepare_inputs_to_capture", lambda *a, **k: (None, {})),
-        (cu, "set_forward_context", lambda *a, **k: contextlib.nullcontext()),
-        (cu, "has_compiled_submodule", lambda model: True),
-        (cu.CudaGraphManager, "capture", stored_order_capture),
-    ]
-    if cfg.dbo:  # the microbatched capture path prepares a dummy batch and DCP context (CUDA edges)
-        replacements += [
-            (cu, name, lambda *a, **k: None) for name in ("set_dcp_capture_context",) if hasattr(cu, name)
-        ]
-        replacements.append((cu, "InputBatch", types.SimpleNamespace(make_dummy=lambda *a, **k: None)))
-    with contextlib.ExitStack() as stack:
-        stack.enter_context(seams.graph_pool_stub(cu.current_platform, ("cpu-replay-pool",)))
-        for obj, name, value in replacements:
-            stack.enter_context(attributes(obj, {name: value}))
-        yield cu
+    with seams.cpu_capture_edges(cfg.first_pp_rank, cfg.last_pp_rank, cfg.dbo) as module:
+        yield module
 
 
 class _FakeUbatchRunner:

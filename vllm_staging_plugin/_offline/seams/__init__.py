@@ -6,21 +6,26 @@ releases it was read on, and what happens when vLLM changes it; tests/test_seams
 installed vLLM, and CI against every release it covers.
 
 A changed private makes a seam raise (``SeamChanged``, or vLLM's own AttributeError / ImportError), or
-return "does not apply", never a wrong answer: the caller reports that the check could not be made. Still
-reached from elsewhere (to move here): the CPU replay's CUDA edges (``cpu_replay.cpu_stubs``: the manager's
-capture loop, pipeline group, forward context and input preparation stubbed for CPU, pinned to vLLM's own
-loop by tests/test_contract_replay_loop.py).
+return "does not apply", never a wrong answer: the caller reports that the check could not be made. No
+other offline module reaches a vLLM private or rebinds a vLLM global.
 """
 
 from .changed import SeamChanged
 from .config import capability_family, config_failure, derive_capture_sizes, inspect_architecture, model_class
 from .kda import KdaMixedStep, kda_layer_class, kda_mixed_step
-from .manager import ManagerInputs, capture_plan, graph_pool_stub, manager_features, manager_inputs
+from .manager import (
+    ManagerInputs,
+    capture_plan,
+    cpu_capture_edges,
+    graph_pool_stub,
+    manager_features,
+    manager_inputs,
+)
 from .platform import KERNEL_QUERIES, cuda_platform_class, kernel_library_answers, platform_bound
 
 __all__ = [
     "KERNEL_QUERIES", "KdaMixedStep", "ManagerInputs", "SeamChanged", "capability_family", "capture_plan",
-    "config_failure", "cuda_platform_class", "derive_capture_sizes", "graph_pool_stub",
+    "config_failure", "cpu_capture_edges", "cuda_platform_class", "derive_capture_sizes", "graph_pool_stub",
     "inspect_architecture", "kda_layer_class", "kda_mixed_step", "kernel_library_answers",
     "manager_features", "manager_inputs", "model_class", "platform_bound",
 ]  # fmt: skip

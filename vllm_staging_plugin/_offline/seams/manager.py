@@ -4,6 +4,8 @@ runner hands it, its capture plan and knobs, and the graph pool its platform han
 from __future__ import annotations
 
 import contextlib
+import inspect
+import types
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -46,6 +48,61 @@ def manager_features(cudagraph_module: Any) -> dict[str, bool]:
         "dense_schedule": "uses_dynamic_speculative_decoding" in candidates,
         "intermediate_tensors": "intermediate_tensors" in init,
     }
+
+
+@contextlib.contextmanager
+def cpu_capture_edges(first_pp_rank: bool, last_pp_rank: bool, dbo: bool) -> Iterator[types.ModuleType]:
+    """For the block, ``cudagraph_utils`` runs on CPU: its pipeline group answers for the given rank, input
+    preparation, the forward context and compiled-submodule checks are no-ops, the graph pool is a stub,
+    and ``CudaGraphManager.capture`` runs each descriptor's warm-up and capture forwards eagerly in vLLM's
+    order (PIECEWISE, then FULL, the profiling pass's FULL limit kept) instead of recording graphs; with
+    ``dbo``, the microbatched path's CUDA edges too. Yields the module. Privates (0.18.0-0.33.0): those
+    module-level names, ``CudaGraphManager.capture``, ``_max_full_descs_to_capture`` (0.29+) and
+    ``_graphs_captured``; tests/test_contract_replay_loop.py pins this loop to vLLM's own on every release
+    CI covers, and a renamed module-level name makes the block raise AttributeError."""
+    import vllm.v1.worker.gpu.cudagraph_utils as cu
+    from vllm.config.compilation import CUDAGraphMode
+
+    pp_group = types.SimpleNamespace(is_first_rank=first_pp_rank, is_last_rank=last_pp_rank)
+
+    def stored_order_capture(
+        self: Any, create_forward_fn: Any, progress_bar_desc: str = ""
+    ) -> dict[Any, Any]:
+        takes_warmup = "warmup" in inspect.signature(create_forward_fn).parameters  # 0.19+
+
+        def forward(desc: Any, warmup: bool) -> None:
+            made = create_forward_fn(desc, warmup=warmup) if takes_warmup else create_forward_fn(desc)
+            # 0.24-0.27 return (forward_fn, attention_state); others return forward_fn
+            (made[0] if isinstance(made, tuple) else made)(CUDAGraphMode.NONE)
+
+        limit = getattr(self, "_max_full_descs_to_capture", None)  # profiling hook, 0.29+
+        for mode in (CUDAGraphMode.PIECEWISE, CUDAGraphMode.FULL):
+            descs = capture_plan(self).get(mode, [])
+            if mode == CUDAGraphMode.FULL and limit is not None:
+                descs = descs[:limit]
+            for desc in descs:
+                forward(desc, warmup=True)
+                forward(desc, warmup=False)
+        self._graphs_captured = True
+        return {}
+
+    replacements: list[tuple[Any, str, Any]] = [
+        (cu, "get_pp_group", lambda: pp_group),
+        (cu, "prepare_inputs_to_capture", lambda *a, **k: (None, {})),
+        (cu, "set_forward_context", lambda *a, **k: contextlib.nullcontext()),
+        (cu, "has_compiled_submodule", lambda model: True),
+        (cu.CudaGraphManager, "capture", stored_order_capture),
+    ]
+    if dbo:  # the microbatched capture path prepares a dummy batch and DCP context (CUDA edges)
+        replacements += [
+            (cu, name, lambda *a, **k: None) for name in ("set_dcp_capture_context",) if hasattr(cu, name)
+        ]
+        replacements.append((cu, "InputBatch", types.SimpleNamespace(make_dummy=lambda *a, **k: None)))
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(graph_pool_stub(cu.current_platform, ("cpu-replay-pool",)))
+        for obj, name, value in replacements:
+            stack.enter_context(attributes(obj, {name: value}))
+        yield cu
 
 
 @dataclass
