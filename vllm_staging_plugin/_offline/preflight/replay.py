@@ -86,7 +86,7 @@ def replay_arm(
     kwargs: dict[str, Any] = {}
     if inputs.dbo:  # vLLM's own _maybe_ubatch_twin adds the micro-batch twins; the runner is a stand-in
         cfg.dbo = True
-        kwargs["ubatch_runner"] = cpu_replay._FakeUbatchRunner()
+        kwargs["ubatch_runner"] = cpu_replay.UbatchRunner()
     from vllm.config.compilation import CUDAGraphMode
 
     with cpu_replay.cpu_stubs(cfg) as cu, cpu_replay.stock_or_patched(patched, settings):

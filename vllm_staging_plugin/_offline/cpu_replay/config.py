@@ -1,0 +1,117 @@
+"""The CPU replay's configurations: what is replayed (``ReplayConfig``) and the real ``VllmConfig`` built
+for it, including the capture grid vLLM derives itself."""
+
+from __future__ import annotations
+
+import types
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from .. import seams
+
+
+def default_sizes(max_size: int) -> tuple[int, ...]:
+    """vLLM's default capture grid: 1, 2, 4, multiples of 8 below 256, then multiples of 16."""
+    grid = (1, 2, 4, *range(8, 256, 8), *range(256, max_size + 1, 16))
+    return tuple(n for n in grid if n <= max_size)
+
+
+DEFAULT_SIZES = default_sizes(512)
+
+
+@dataclass
+class ReplayConfig:
+    mode: str = "FULL_AND_PIECEWISE"
+    sizes: Sequence[int] = DEFAULT_SIZES
+    max_num_seqs: int = 128
+    decode_query_len: int = 1
+    hidden_size: int = 4096  # Qwen3-8B shape
+    dtype: torch.dtype = torch.bfloat16
+    aux_layers: int = 0  # > 0: EAGLE3-style aux hidden-state outputs
+    last_pp_rank: bool = True  # False: non-last pipeline rank, IntermediateTensors staging
+    first_pp_rank: bool = True  # False: the rank receives IntermediateTensors from the previous one
+    tensor_parallel_size: int = 1
+    pipeline_parallel_size: int = 1
+    data_parallel_size: int = 1
+    intermediate_keys: tuple[str, ...] = ("hidden_states", "residual")
+    lora_capture_cases: list[int] | None = None
+    # Descriptor knobs of later releases (atlas, property tests); off by default.
+    use_kda_recoverssm: bool = False  # cache_config.use_kda_recoverssm (0.30+): PIECEWISE capped at decode
+    varlen_decode: bool = False  # adaptive verification's varlen FULL decode graphs (0.28+)
+    dbo: bool = False  # dual-batch overlap: a ubatch runner, so FULL descriptors get microbatch twins (0.30+)
+    dbo_decode_token_threshold: int = 32  # parallel_config.dbo_decode_token_threshold (vLLM's default)
+    speculative_schedule: tuple[tuple[int, int, int], ...] | None = None
+    """Dynamic speculative decoding's (first batch size, last, draft tokens) tiers: the dense decode
+    schedule (0.26+); ``decode_query_len - 1`` is the configured number of speculative tokens."""
+    output: str = "zeros"  # "pattern": rows depend on (num_tokens, row, column), so contents can be compared
+
+
+def make_vllm_config(cfg: ReplayConfig) -> Any:
+    from vllm.config import CompilationConfig, DeviceConfig, VllmConfig
+    from vllm.config.compilation import CUDAGraphMode
+
+    vllm_config = VllmConfig(compilation_config=CompilationConfig(), device_config=DeviceConfig(device="cpu"))
+    vllm_config.scheduler_config.max_num_seqs = cfg.max_num_seqs
+    parallel = vllm_config.parallel_config
+    parallel.tensor_parallel_size = cfg.tensor_parallel_size
+    parallel.pipeline_parallel_size = cfg.pipeline_parallel_size
+    parallel.data_parallel_size = cfg.data_parallel_size
+    # On CPU, VllmConfig's post-init forces mode NONE and clears the sizes: set them afterwards.
+    compilation = vllm_config.compilation_config
+    compilation.cudagraph_mode = CUDAGraphMode[cfg.mode]
+    compilation.cudagraph_capture_sizes = sorted(cfg.sizes)
+    compilation.max_cudagraph_capture_size = max(cfg.sizes) if cfg.sizes else 0
+    compilation.post_init_cudagraph_sizes()
+    if cfg.use_kda_recoverssm:
+        vllm_config.cache_config.use_kda_recoverssm = True
+    if cfg.speculative_schedule is not None:
+        vllm_config.speculative_config = speculative_config(
+            cfg.decode_query_len - 1, cfg.speculative_schedule
+        )
+    if cfg.dbo:
+        parallel.enable_dbo = True
+        parallel.dbo_decode_token_threshold = cfg.dbo_decode_token_threshold
+    return vllm_config
+
+
+def speculative_config(
+    num_speculative_tokens: int, schedule: Sequence[tuple[int, int, int]] | None = None
+) -> Any:
+    """A real n-gram ``SpeculativeConfig`` (needs no draft model), with a dynamic schedule if given."""
+    from vllm.config import SpeculativeConfig
+
+    extra = {"num_speculative_tokens_per_batch_size": [tuple(t) for t in schedule]} if schedule else {}
+    return SpeculativeConfig(
+        method="ngram", num_speculative_tokens=num_speculative_tokens, prompt_lookup_max=2, **extra
+    )
+
+
+def derived_capture_sizes(
+    max_num_seqs: int,
+    num_speculative_tokens: int = 0,
+    schedule: Sequence[tuple[int, int, int]] | None = None,
+    max_cudagraph_capture_size: int | None = None,
+    max_num_batched_tokens: int = 8192,
+) -> list[int]:
+    """The capture grid vLLM derives itself (``VllmConfig._set_cudagraph_sizes``, no explicit sizes).
+
+    Runs vLLM's own code on a real ``VllmConfig``; only the model config is a stand-in (the grid reads
+    nothing from it but ``enforce_eager``). The platform is CPU, so the default ceiling is 512 (as on
+    Hopper; data-centre Blackwell uses 1024).
+    """
+    from vllm.config.compilation import CUDAGraphMode
+
+    vllm_config = make_vllm_config(ReplayConfig(sizes=(1,)))
+    if num_speculative_tokens:
+        vllm_config.speculative_config = speculative_config(num_speculative_tokens, schedule)
+    vllm_config.scheduler_config.max_num_seqs = max_num_seqs
+    vllm_config.scheduler_config.max_num_batched_tokens = max_num_batched_tokens
+    compilation = vllm_config.compilation_config
+    compilation.cudagraph_mode = CUDAGraphMode.FULL_AND_PIECEWISE
+    compilation.cudagraph_capture_sizes = None
+    compilation.max_cudagraph_capture_size = max_cudagraph_capture_size
+    vllm_config.model_config = types.SimpleNamespace(enforce_eager=False)
+    return seams.derive_capture_sizes(vllm_config)
