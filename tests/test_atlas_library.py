@@ -1,6 +1,6 @@
-"""The atlas library's summary (``_offline/atlas/summary.py``) and its per-configuration replay
-(``_offline/atlas/replay.py``): the summary's layout and verdict as pure functions; the replay against the
-installed vLLM's real manager on CPU."""
+"""The atlas library (``_offline/atlas/``): the summary's layout and verdict as pure functions; the
+per-configuration replay against the installed vLLM's real manager on CPU; the widths search's cells; the
+driver's worker protocol and ordering; the overlay's pinned-package list."""
 
 from __future__ import annotations
 
@@ -78,3 +78,88 @@ def test_the_replay_of_one_configuration_is_vllms_own() -> None:
     assert not result["stock_ok"] and "(8) must match the existing size (9)" in str(result["stock_error"])
     assert result["plugin_ok"] and result["capacity"] == 9 and result["plugin_rows"] == [9]
     assert replay.family(result, setting()) == FAMILY
+
+
+def test_a_releases_pins_are_the_lines_whose_span_holds_it_and_a_bad_line_is_named(tmp_path: Path) -> None:
+    from vllm_staging_plugin._offline.atlas import overlay
+
+    sha = "0" * 64
+    listed = tmp_path / "pins.txt"
+    lines = [
+        "# why",
+        f"0.14.0-0.17.1 gguf==0.17.1 --hash=sha256:{sha}",
+        "",
+        f"0.16.0 tiktoken==0.9.0 --hash=sha256:{sha}",
+    ]
+    listed.write_text("\n".join(lines) + "\n")
+    assert overlay.pins("0.18.0", listed) == []
+    assert overlay.pins("0.16.0", listed) == [
+        f"gguf==0.17.1 --hash=sha256:{sha}",
+        f"tiktoken==0.9.0 --hash=sha256:{sha}",
+    ]
+    listed.write_text("0.16.0 gguf>=0.17\n")
+    with pytest.raises(ValueError, match=r"pins.txt:1: not 'RELEASES name==version --hash=sha256:HEX'"):
+        overlay.pins("0.16.0", listed)
+
+
+def test_the_driver_parses_a_workers_row_and_reports_a_worker_that_printed_none(tmp_path: Path) -> None:
+    import sys
+
+    from vllm_staging_plugin._offline.atlas import driver
+
+    def release_env(version: str) -> tuple[dict[str, str], dict[str, object], str]:
+        verdict = "refused" if version == "0.17.1" else "supported"
+        return {"PATH": "/usr/bin:/bin"}, {"verdict": verdict, "why": "no class"}, "torch==2.10.0"
+
+    row = {"release": "0.32.0", "configurations": 3}
+    speaks = [sys.executable, "-c", f"print({driver.worker_line(row)!r})"]
+    common = {"memo": True, "with_sweep": False, "release_env": release_env, "cwd": tmp_path}
+    assert driver.run_release("0.33.0", "full", installed="0.33.0", worker=speaks[:3], **common) == row
+    assert driver.run_release("0.32.0", "subset", installed="0.33.0", worker=speaks[:3], **common) == row
+    refused = driver.run_release("0.17.1", "subset", installed="0.33.0", worker=speaks[:3], **common)
+    assert refused == {"release": "0.17.1", "error": "plugin verdict refused: no class"}
+    silent = [sys.executable, "-c", "import sys; sys.stderr.write('boom')"]
+    assert driver.run_release("0.33.0", "full", installed="0.33.0", worker=silent, **common) == {
+        "release": "0.33.0",
+        "error": "boom",
+    }
+
+
+def test_the_driver_starts_full_searches_first_and_returns_rows_in_release_order() -> None:
+    import threading
+
+    from vllm_staging_plugin._offline.atlas import driver
+
+    started: list[str] = []
+    lock = threading.Lock()
+
+    def run(release: str, scope: str) -> dict[str, Any]:
+        with lock:
+            started.append(release)
+        return {"release": release, "scope": scope}
+
+    releases = ["0.30.0", "0.31.0", "0.33.0"]
+    rows = list(driver.run_releases(releases, lambda r: "full" if r == "0.33.0" else "subset", 1, run))
+    assert [r["release"] for r in rows] == releases and started[0] == "0.33.0"
+    assert [r["scope"] for r in rows] == ["subset", "subset", "full"]
+
+
+def test_a_widths_cell_records_each_crashing_max_num_seqs_and_the_spotlight_keeps_its_plan() -> None:
+    from vllm_staging_plugin._offline.atlas import search
+    from vllm_staging_plugin._offline.atlas.space import SPOTLIGHT
+
+    cells: dict[str, Any] = {}
+    spotlight: dict[str, Any] = {}
+    n = SPOTLIGHT["num_speculative_tokens"]
+    k3 = {
+        **setting(max_num_seqs=SPOTLIGHT["max_num_seqs"], decode_query_len=1 + n),
+        "grid": SPOTLIGHT["grid"],
+    }
+    crashed = {"stock_ok": False, "stock_error": "RuntimeError: (256) vs (261)", "plugin_ok": True,
+               "plugin_rows": 261, "sequence": {"PIECEWISE": [256, 1], "FULL": [261, 9]}}  # fmt: skip
+    search.record_cell(cells, spotlight, k3, crashed)
+    search.record_cell(cells, spotlight, {**k3, "max_num_seqs": 3}, {**crashed, "stock_ok": True})
+    assert cells == {SPOTLIGHT["grid"]: {"fixed": {n: [SPOTLIGHT["max_num_seqs"]]}}}
+    entry = spotlight["grids"][SPOTLIGHT["grid"]]
+    assert (entry["piecewise_top"], entry["full_top"], entry["plugin_rows"]) == (256, 261, 261)
+    assert entry["sequence"] == crashed["sequence"] and not entry["stock_ok"]

@@ -1,8 +1,8 @@
 """Run the contract tests against any list of vLLM releases on a machine without a GPU.
 
-For each release: download its wheel (no dependencies), overlay its Python files (compiled extensions do
-not load without a GPU driver and the tests do not need them) on the environment of .ci/setup (vLLM
-0.33.0's dependency set with torch 2.13.0+cpu), ask the plugin's own structure checks whether it would
+For each release: build its overlay (vllm_staging_plugin/_offline/atlas/overlay.py: its Python files,
+without the compiled extensions, over the environment of .ci/setup, vLLM 0.33.0's dependency set with
+torch 2.13.0+cpu, plus its pinned packages), ask the plugin's own structure check whether it would
 patch, then run the release tests with that overlay first on PYTHONPATH:
 
   supported -> tests/test_contract_vllm.py, tests/test_contract_guarantees.py, tests/test_properties.py,
@@ -19,14 +19,13 @@ from __future__ import annotations
 import argparse
 import json
 import re
-import shutil
 import subprocess
 import sys
 import time
-import zipfile
 from pathlib import Path
 
-from vllm_staging_plugin._offline.atlas.releases import RELEASES, span
+from vllm_staging_plugin._offline.atlas import overlay
+from vllm_staging_plugin._offline.atlas.releases import RELEASES
 
 ROOT = Path(__file__).resolve().parents[1]
 CACHE = ROOT / ".cache" / "compat"
@@ -42,112 +41,12 @@ SUPPORTED_TESTS = [
     "tests/test_seams.py",
 ]
 REFUSED_TESTS = ["tests/test_release_support.py"]
-PROBE = """
-import json
-from vllm_staging_plugin._engine import compat
-out = {"version": compat.installed_versions()["vllm"]}
-try:
-    import importlib
-    module = importlib.import_module(compat.CUDAGRAPH_MODULE)
-    compat.manager_class(module)
-    out["verdict"], out["why"] = "supported", "structure present"
-except compat.IncompatibleVllm as exc:
-    out["verdict"], out["why"] = "refused", str(exc)
-except Exception as exc:
-    out["verdict"], out["why"] = "error", f"{type(exc).__name__}: {exc}"
-print("PROBE:" + json.dumps(out))
-"""
-MISSING = re.compile(r"No module named '([\w.]+)'|requires \"([\w.-]+)\" to be installed")
-PIN = re.compile(
-    r"(?P<releases>\S+)\s+(?P<name>[A-Za-z0-9][A-Za-z0-9._-]*)==(?P<version>[A-Za-z0-9.+!_-]+)"
-    r"\s+--hash=sha256:(?P<sha256>[0-9a-f]{64})"
-)
 SUMMARY = re.compile(r"(\d+) (passed|failed|skipped|error|errors)")
 
 
-def overlay(version: str) -> tuple[Path, str]:
-    """The release's Python files, extracted once; returns (folder, torch requirement)."""
-    target = CACHE / f"vllm-{version}"
-    wheels = CACHE / "wheels"
-    if not (target / "vllm").is_dir():
-        wheels.mkdir(parents=True, exist_ok=True)
-        found = list(wheels.glob(f"vllm-{version}-*.whl"))
-        if not found:
-            subprocess.run(
-                [sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:",
-                 "--python-version", "3.11", "-d", str(wheels), f"vllm=={version}"],
-                check=True, capture_output=True,
-            )  # fmt: skip
-            found = list(wheels.glob(f"vllm-{version}-*.whl"))
-        with zipfile.ZipFile(found[0]) as wheel:
-            wheel.extractall(target, [n for n in wheel.namelist() if not n.endswith(".so")])
-    metadata = next(target.glob("vllm-*.dist-info/METADATA")).read_text()
-    torch = re.search(r"^Requires-Dist: (torch\s*[=<>!~][^;\n]*)", metadata, re.M)
-    return target, torch.group(1).replace(" ", "") if torch else "?"
-
-
-def pins(version: str, path: Path | None = None) -> list[str]:
-    """The pinned packages of tools/compat-packages.txt for ``version``, as hash-checked requirement lines."""
-    path = path or PACKAGES
-    out = []
-    for number, raw in enumerate(path.read_text().splitlines(), 1):
-        line = raw.split("#", 1)[0].strip()
-        if not line:
-            continue
-        pin = PIN.fullmatch(line)
-        if pin is None:
-            raise ValueError(f"{path}:{number}: not 'RELEASES name==version --hash=sha256:HEX': {raw!r}")
-        if version in span(pin["releases"]):
-            out.append(f"{pin['name']}=={pin['version']} --hash=sha256:{pin['sha256']}")
-    return out
-
-
-def install_pins(version: str, deps: Path) -> list[str]:
-    """Install exactly the release's pins into ``deps`` (no dependencies, hashes checked); return the
-    installed distributions' names. A folder holding anything else is emptied first."""
-    wanted = pins(version)
-    record = deps / "pins.txt"
-    if wanted and not (record.is_file() and record.read_text().splitlines() == wanted):
-        if deps.is_dir():
-            shutil.rmtree(deps)
-        deps.mkdir(parents=True)
-        requirements = deps.parent / f"pins-{version}.txt"
-        requirements.write_text("\n".join(wanted) + "\n")
-        subprocess.run(
-            [sys.executable, "-m", "pip", "install", "-q", "--disable-pip-version-check", "--no-deps",
-             "--require-hashes", "--only-binary=:all:", "--target", str(deps), "-r", str(requirements)],
-            check=True, capture_output=True,
-        )  # fmt: skip
-        record.write_text("\n".join(wanted) + "\n")
-    elif not wanted and deps.is_dir():
-        shutil.rmtree(deps)
-    return sorted(p.name.split("-")[0] for p in deps.glob("*.dist-info")) if wanted else []
-
-
 def release_env(version: str) -> tuple[dict[str, str], dict[str, object], str]:
-    """PYTHONPATH overlay environment for ``version``, the plugin's verdict on it, and its torch pin.
-
-    Packages the release imports that 0.33.0's dependency set lacks come only from the pinned list
-    (tools/compat-packages.txt), installed without dependencies into a per-release folder on the same
-    path; a module still missing is named in the verdict ("error"), and nothing is installed for it.
-    Also used by tools/stock_atlas.py.
-    """
-    folder, torch = overlay(version)
-    deps = CACHE / f"deps-{version}"
-    extras = install_pins(version, deps)
-    env = {"PYTHONPATH": f"{folder}:{deps}", "PATH": "/usr/bin:/bin", "HOME": str(Path.home())}
-    probe = subprocess.run([sys.executable, "-c", PROBE], env=env, capture_output=True, text=True, cwd=ROOT)
-    line = next((x for x in probe.stdout.splitlines() if x.startswith("PROBE:")), None)
-    result: dict[str, object] = (
-        json.loads(line[6:]) if line else {"verdict": "error", "why": probe.stderr[-300:]}
-    )
-    missing = MISSING.search(str(result["why"])) if result["verdict"] == "error" else None
-    if missing is not None:
-        name = missing.group(1) or missing.group(2)
-        listed = f"{PACKAGES.parent.name}/{PACKAGES.name}"
-        result["why"] = f"missing module {name!r} (no package for it in {listed}): {result['why']}"
-    result["extra_packages"] = extras
-    return env, result, torch
+    """:func:`overlay.release_env` with this repository's cache and pinned list (tools/stock_atlas.py too)."""
+    return overlay.release_env(version, CACHE, PACKAGES, ROOT)
 
 
 def run_release(version: str) -> dict[str, object]:

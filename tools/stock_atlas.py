@@ -42,13 +42,13 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-import compat_matrix  # tools/, beside this file: release_env builds an older release's environment
-
-from vllm_staging_plugin._offline.atlas import driver, search, summary, tables
+from vllm_staging_plugin._offline.atlas import driver, overlay, search, summary, tables
 from vllm_staging_plugin._offline.atlas.releases import SUPPORTED
 from vllm_staging_plugin._offline.atlas.space import SEARCHES
 
 ROOT = Path(__file__).resolve().parents[1]
+CACHE = ROOT / ".cache" / "compat"  # shared with tools/compat_matrix.py
+PACKAGES = ROOT / "tools" / "compat-packages.txt"
 SUMMARY = ROOT / "docs" / "data" / "atlas" / "summary.json"
 WIDTHS_SUMMARY = ROOT / "docs" / "data" / "atlas" / "widths.json"
 
@@ -89,9 +89,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return "full" if release == installed or args.full_everywhere else "subset"
 
     worker = [sys.executable, str(Path(__file__)), "--worker"]
+    release_env = functools.partial(overlay.release_env, cache=CACHE, packages=PACKAGES, cwd=ROOT)
     run = functools.partial(
         driver.run_release, installed=installed, memo=memo, with_sweep=not args.no_sweep, worker=worker,
-        release_env=compat_matrix.release_env, cwd=ROOT,
+        release_env=release_env, cwd=ROOT,
     )  # fmt: skip
     started = time.monotonic()
     rows = []

@@ -3,7 +3,7 @@ Python files overlaid on the installed environment), a few at a time, the long f
 
 The worker prints one line, :data:`PREFIX` then the row as JSON (:func:`worker_line`); how a worker is
 started and how an older release's environment is built are the caller's (``tools/stock_atlas.py`` and
-``tools/compat_matrix.release_env``).
+``atlas.overlay.release_env``).
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from typing import Any
 PREFIX = "ATLAS:"
 Row = dict[str, Any]
 ReleaseEnv = Callable[[str], tuple[Mapping[str, str], Mapping[str, object], str]]
-"""``tools/compat_matrix.release_env``: (environment, the plugin's verdict, torch pin) of a release."""
+"""``overlay.release_env``, paths bound: (environment, the plugin's verdict, torch pin) of a release."""
 
 
 def worker_line(row: Row) -> str:

@@ -1,0 +1,125 @@
+"""An older vLLM release's Python files overlaid on this environment, for the compat matrix's tests and the
+atlas's worker processes: its wheel downloaded without dependencies and extracted without its compiled
+extensions (they need a GPU driver; nothing run here does), only the pinned packages it needs installed
+(tools/compat-packages.txt: exact versions and wheel hashes), and the plugin's own structure check asked
+whether it would patch. A development tool: nothing in vLLM's processes imports it."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+from .releases import span
+
+PROBE = """
+import json
+from vllm_staging_plugin._engine import compat
+out = {"version": compat.installed_versions()["vllm"]}
+try:
+    import importlib
+    module = importlib.import_module(compat.CUDAGRAPH_MODULE)
+    compat.manager_class(module)
+    out["verdict"], out["why"] = "supported", "structure present"
+except compat.IncompatibleVllm as exc:
+    out["verdict"], out["why"] = "refused", str(exc)
+except Exception as exc:
+    out["verdict"], out["why"] = "error", f"{type(exc).__name__}: {exc}"
+print("PROBE:" + json.dumps(out))
+"""
+MISSING = re.compile(r"No module named '([\w.]+)'|requires \"([\w.-]+)\" to be installed")
+PIN = re.compile(
+    r"(?P<releases>\S+)\s+(?P<name>[A-Za-z0-9][A-Za-z0-9._-]*)==(?P<version>[A-Za-z0-9.+!_-]+)"
+    r"\s+--hash=sha256:(?P<sha256>[0-9a-f]{64})"
+)
+
+
+def overlay(version: str, cache: Path) -> tuple[Path, str]:
+    """The release's Python files, extracted once under ``cache``; returns (folder, torch requirement)."""
+    target = cache / f"vllm-{version}"
+    wheels = cache / "wheels"
+    if not (target / "vllm").is_dir():
+        wheels.mkdir(parents=True, exist_ok=True)
+        found = list(wheels.glob(f"vllm-{version}-*.whl"))
+        if not found:
+            subprocess.run(
+                [sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:",
+                 "--python-version", "3.11", "-d", str(wheels), f"vllm=={version}"],
+                check=True, capture_output=True,
+            )  # fmt: skip
+            found = list(wheels.glob(f"vllm-{version}-*.whl"))
+        with zipfile.ZipFile(found[0]) as wheel:
+            wheel.extractall(target, [n for n in wheel.namelist() if not n.endswith(".so")])
+    metadata = next(target.glob("vllm-*.dist-info/METADATA")).read_text()
+    torch = re.search(r"^Requires-Dist: (torch\s*[=<>!~][^;\n]*)", metadata, re.M)
+    return target, torch.group(1).replace(" ", "") if torch else "?"
+
+
+def pins(version: str, path: Path) -> list[str]:
+    """The pinned packages of ``path`` (tools/compat-packages.txt) for ``version``, as hash-checked
+    requirement lines."""
+    out = []
+    for number, raw in enumerate(path.read_text().splitlines(), 1):
+        line = raw.split("#", 1)[0].strip()
+        if not line:
+            continue
+        pin = PIN.fullmatch(line)
+        if pin is None:
+            raise ValueError(f"{path}:{number}: not 'RELEASES name==version --hash=sha256:HEX': {raw!r}")
+        if version in span(pin["releases"]):
+            out.append(f"{pin['name']}=={pin['version']} --hash=sha256:{pin['sha256']}")
+    return out
+
+
+def install_pins(version: str, deps: Path, packages: Path) -> list[str]:
+    """Install exactly the release's pins of ``packages`` into ``deps`` (no dependencies, hashes
+    checked); return the installed distributions' names. A folder holding anything else is emptied first."""
+    wanted = pins(version, packages)
+    record = deps / "pins.txt"
+    if wanted and not (record.is_file() and record.read_text().splitlines() == wanted):
+        if deps.is_dir():
+            shutil.rmtree(deps)
+        deps.mkdir(parents=True)
+        requirements = deps.parent / f"pins-{version}.txt"
+        requirements.write_text("\n".join(wanted) + "\n")
+        subprocess.run(
+            [sys.executable, "-m", "pip", "install", "-q", "--disable-pip-version-check", "--no-deps",
+             "--require-hashes", "--only-binary=:all:", "--target", str(deps), "-r", str(requirements)],
+            check=True, capture_output=True,
+        )  # fmt: skip
+        record.write_text("\n".join(wanted) + "\n")
+    elif not wanted and deps.is_dir():
+        shutil.rmtree(deps)
+    return sorted(p.name.split("-")[0] for p in deps.glob("*.dist-info")) if wanted else []
+
+
+def release_env(
+    version: str, cache: Path, packages: Path, cwd: Path
+) -> tuple[dict[str, str], dict[str, object], str]:
+    """PYTHONPATH overlay environment for ``version``, the plugin's verdict on it, and its torch pin.
+
+    Packages the release imports that 0.33.0's dependency set lacks come only from the pinned list
+    ``packages``, installed without dependencies into a per-release folder under ``cache`` on the same
+    path; a module still missing is named in the verdict ("error"), and nothing is installed for it.
+    The verdict comes from a child process run in ``cwd`` (the repository, whose package it imports).
+    """
+    folder, torch = overlay(version, cache)
+    deps = cache / f"deps-{version}"
+    extras = install_pins(version, deps, packages)
+    env = {"PYTHONPATH": f"{folder}:{deps}", "PATH": "/usr/bin:/bin", "HOME": str(Path.home())}
+    probe = subprocess.run([sys.executable, "-c", PROBE], env=env, capture_output=True, text=True, cwd=cwd)
+    line = next((x for x in probe.stdout.splitlines() if x.startswith("PROBE:")), None)
+    result: dict[str, object] = (
+        json.loads(line[6:]) if line else {"verdict": "error", "why": probe.stderr[-300:]}
+    )
+    missing = MISSING.search(str(result["why"])) if result["verdict"] == "error" else None
+    if missing is not None:
+        name = missing.group(1) or missing.group(2)
+        listed = f"{packages.parent.name}/{packages.name}"
+        result["why"] = f"missing module {name!r} (no package for it in {listed}): {result['why']}"
+    result["extra_packages"] = extras
+    return env, result, torch
