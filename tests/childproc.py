@@ -1,9 +1,11 @@
 """Fresh Python children that run several independent checks each, for the tests that need a new process.
 
-Importing vLLM costs a child 10-20 s of CPU, so a test file starts as few children as it can: one child
-script runs every check that needs a fresh process of that kind, one after the other, and reports them
-all at once as ``RESULT:<json>`` on stdout. A check that raises is recorded with its traceback and does
-not stop the checks after it; each test then asserts on its own check's result (:meth:`Checks.value`).
+The children are real modules (``tests/children/``, run with ``python -m children.NAME``). Importing vLLM
+costs a child 10-20 s of CPU, so a test file starts as few children as it can: one child program runs
+every check that needs a fresh process of that kind, one after the other, and reports them all at once
+as ``RESULT:<json>`` on stdout (``children/harness.py``). A check that raises is recorded with its
+traceback and does not stop the checks after it; each test then asserts on its own check's result
+(:meth:`Checks.value`).
 
 The suite's addopts give each pytest-xdist worker whole test files (``--dist loadscope``); under a mode
 that splits a file across workers (``--dist load``, ``worksteal``) :func:`once_per_run` has the workers
@@ -16,40 +18,14 @@ import json
 import os
 import subprocess
 import sys
-import textwrap
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-HARNESS = '''
-import io as _io, json as _json, logging as _logging, traceback as _traceback
+TESTS = Path(__file__).resolve().parent
 
-_RESULTS = {}
-
-
-def check(name):
-    """Run the decorated function at once; record its JSON-able return value or its traceback, and what
-    vLLM's log handlers (which the plugin's logger reaches) printed meanwhile."""
-
-    def run(function):
-        log = _io.StringIO()
-        handlers = [h for h in _logging.getLogger("vllm").handlers if isinstance(h, _logging.StreamHandler)]
-        streams = [h.setStream(log) for h in handlers]
-        try:
-            _RESULTS[name] = {"value": function(), "error": None}
-        except BaseException:
-            _RESULTS[name] = {"value": None, "error": _traceback.format_exc()}
-        finally:
-            for handler, stream in zip(handlers, streams):
-                handler.setStream(stream)
-            _RESULTS[name]["log"] = log.getvalue()
-        return function
-
-    return run
-'''
-FOOTER = '\nprint("RESULT:" + _json.dumps(_RESULTS))\n'
 TAIL = 3000
 
 
@@ -60,12 +36,17 @@ def clean_environment(extra: Mapping[str, str] | None = None, drop: Sequence[str
     return env | dict(extra or {})
 
 
-def start(body: str, env: Mapping[str, str], cwd: Path | None = None) -> subprocess.Popen[str]:
-    """Start ``python -c`` on the harness, ``body`` (which calls ``@check(name)``) and the report line."""
-    code = HARNESS + textwrap.dedent(body) + FOOTER
+def _with_children(env: Mapping[str, str]) -> dict[str, str]:
+    """``env`` with ``tests/`` first on PYTHONPATH, so that ``python -m children.NAME`` finds the package."""
+    path = [str(TESTS), *[p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]]
+    return dict(env) | {"PYTHONPATH": os.pathsep.join(path)}
+
+
+def start(program: str, env: Mapping[str, str], cwd: Path | None = None) -> subprocess.Popen[str]:
+    """Start ``python -m children.PROGRAM`` (it runs its checks and prints their ``RESULT:`` line)."""
     return subprocess.Popen(
-        [sys.executable, "-c", code],
-        env=dict(env),
+        [sys.executable, "-m", f"children.{program}"],
+        env=_with_children(env),
         cwd=cwd,
         text=True,
         stdout=subprocess.PIPE,
@@ -135,8 +116,8 @@ def once_per_run(tmp_path_factory: pytest.TempPathFactory, name: str, compute: C
         return value
 
 
-def run_checks(body: str, env: Mapping[str, str], timeout: float = 400) -> Checks:
-    return finish(start(body, env), timeout)
+def run_checks(program: str, env: Mapping[str, str], timeout: float = 400) -> Checks:
+    return finish(start(program, env), timeout)
 
 
 def free_port() -> int:
@@ -147,63 +128,17 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-FORK_DRIVER = r"""
-import json, os, sys, threading
-code, envs, preload = sys.argv[1], json.loads(sys.argv[2]), sys.argv[3]
-exec(preload)  # the imports every rank needs, made once before the fork
-children = []
-for env in envs:
-    read, write = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # a rank: its own environment, its stdout into the pipe
-        os.close(read)
-        os.dup2(write, 1)
-        os.environ.clear()
-        os.environ.update(env)
-        status = 0
-        try:
-            exec(compile(code, "<rank>", "exec"), {"__name__": "__main__"})
-        except BaseException:
-            import traceback
-            traceback.print_exc()
-            status = 1
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(status)
-    os.close(write)
-    children.append((pid, read))
-outputs = [""] * len(children)
-
-def drain(i, fd):
-    with os.fdopen(fd) as pipe:
-        outputs[i] = pipe.read()
-
-threads = [threading.Thread(target=drain, args=(i, fd)) for i, (_, fd) in enumerate(children)]
-for thread in threads:
-    thread.start()
-statuses = [os.waitpid(pid, 0)[1] for pid, _ in children]
-for thread in threads:
-    thread.join()
-print("FORKED:" + json.dumps([{"status": st, "stdout": out} for st, out in zip(statuses, outputs)]))
-"""
-
-
 def fork_together(
-    code: str, envs: Sequence[Mapping[str, str]], preload: str, timeout: float = 400
+    program: str, envs: Sequence[Mapping[str, str]], preload: Sequence[str], timeout: float = 400
 ) -> list[dict[str, Any]]:
-    """One rank per environment, all forked at once (as vLLM forks its workers) from one process that ran
-    ``preload`` (vLLM's import) once: the ranks' environments may differ, their hash seed may not. Each
-    rank prints ``RESULT:<json>``; returns their results in the order of ``envs``."""
-    driver_env = dict(envs[0]) | {"OMP_NUM_THREADS": "1"}  # no thread pool to inherit across the fork
+    """One rank of ``children.PROGRAM`` per environment, all forked at once (as vLLM forks its workers;
+    children/fork_driver.py) from one process that imported ``preload`` (vLLM's modules) once: the ranks'
+    environments may differ, their hash seed may not. Each rank prints ``RESULT:<json>``; returns their
+    results in the order of ``envs``."""
+    envs = [_with_children(e) for e in envs]
+    driver_env = envs[0] | {"OMP_NUM_THREADS": "1"}  # no thread pool to inherit across the fork
     proc = subprocess.run(
-        [
-            sys.executable,
-            "-c",
-            FORK_DRIVER,
-            textwrap.dedent(code),
-            json.dumps([dict(e) for e in envs]),
-            preload,
-        ],
+        [sys.executable, "-m", "children.fork_driver", program, json.dumps(envs), ",".join(preload)],
         env=driver_env,
         text=True,
         capture_output=True,

@@ -254,55 +254,7 @@ def test_coupled_ranks(rank: int, world: int, engine: int, dp: int, moe: bool, e
 
 # ---- DP=2 x TP=2: four processes, one real gloo group, the real manager ------------------------------
 
-RANK = """
-import json, os, time, types
-from datetime import timedelta
-import torch.distributed as dist
-import vllm_staging_plugin
-from vllm_staging_plugin._engine import agreement, staging
-from vllm_staging_plugin._offline import cpu_replay
-
-rank = int(os.environ["RANK"])
-cpu_replay.cudagraph_module()  # vLLM's module is imported: each register() below patches at once
-# Each scenario registers the plugin again; the store counts each rank's agreement rounds across them.
-dist.init_process_group("gloo", rank=rank, world_size=4, timeout=timedelta(seconds=120))
-store = dist.distributed_c10d._get_default_store()
-cfg = cpu_replay.ReplayConfig(sizes=(1, 2, 4, 8, 16), max_num_seqs=16, hidden_size=64,
-                              tensor_parallel_size=2, data_parallel_size=2)
-engine = rank // 2  # vLLM's layout: DP engine 0 holds ranks 0-1, engine 1 ranks 2-3
-log = []
-import logging
-handler = logging.Handler()
-handler.emit = lambda record: log.append(record.getMessage())
-plugin_logger = logging.getLogger("vllm.staging_plugin")
-plugin_logger.addHandler(handler)
-plugin_logger.setLevel(logging.INFO)
-out = {}
-for name, orders, moe, late, wait in json.loads(os.environ["SCENARIOS"]):
-    dist.barrier()  # the harness lines the scenarios up; the plugin itself does not
-    os.environ["STAGING_PLUGIN_ORDER"] = orders[rank]
-    agreement.WAIT_SECONDS = wait  # the scenario's bound (no variable sets it): read by the next Agreement
-    vllm_staging_plugin.register()
-    if engine == 1:
-        time.sleep(late)  # this DP engine reaches capture later (weights on a slower disk)
-    keys_before = store.num_keys()
-    with cpu_replay.cpu_stubs(cfg):
-        manager = cpu_replay.build_manager(cfg)
-        if moe:  # what vLLM's ModelConfig.is_moe answers for a model with experts
-            manager.vllm_config.model_config = types.SimpleNamespace(is_moe=True)
-        started = time.monotonic()
-        result = cpu_replay.run_capture(manager, cfg)
-        seconds = time.monotonic() - started
-    state = staging.state_of(manager)
-    out[name] = {"ok": result.ok, "error": result.error, "forwards": result.forwards[::2],
-                 "agreed": state.ranks_agreed, "seconds": seconds, "log": list(log),
-                 "new_keys": store.num_keys() - keys_before}
-    log.clear()
-    vllm_staging_plugin.unregister()
-dist.barrier()
-print("RESULT:" + json.dumps(out))
-"""
-
+# children/agreement_rank.py runs one rank of each scenario.
 ASC = ["ascending"] * 4
 SCENARIOS = [  # name, order per rank, MoE, how late engine 1 comes, the agreement's wait bound
     ("default", ["descending"] * 4, False, 4.0, 2.0),
@@ -318,8 +270,8 @@ def dp_tp_runs() -> list[dict[str, Any]]:
     pytest.importorskip("vllm.v1.worker.gpu.cudagraph_utils")
     base = {k: v for k, v in os.environ.items() if not k.startswith("STAGING_PLUGIN")}
     base |= {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), "SCENARIOS": json.dumps(SCENARIOS)}
-    preload = "import torch.distributed, vllm.v1.worker.gpu.cudagraph_utils"  # vLLM's import, once
-    return fork_together(RANK, [base | {"RANK": str(rank)} for rank in range(4)], preload)
+    preload = ["torch.distributed", "vllm.v1.worker.gpu.cudagraph_utils"]  # vLLM's import, once
+    return fork_together("agreement_rank", [base | {"RANK": str(rank)} for rank in range(4)], preload)
 
 
 @pytest.mark.contract

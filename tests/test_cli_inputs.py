@@ -86,24 +86,6 @@ BAD_INPUTS = [  # (words, environment, exit code, the one line says)
      f"'./qwen3' looks like a model: the vllm serve arguments go after `--`, as in: {FORM}"),
 ]  # fmt: skip
 HUB_VARIABLES = ("HF_HUB_OFFLINE", "HF_ENDPOINT")  # read once, when huggingface_hub is imported
-CALLS = """
-import contextlib, io, json, os, sys
-from vllm_staging_plugin._offline.cli import main
-
-for name, words, variables in json.loads(os.environ["CALLS"]):
-    @check(name)
-    def _():
-        saved = dict(os.environ)
-        os.environ.update(variables)
-        out, err = io.StringIO(), io.StringIO()
-        try:
-            with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-                code = main(words)  # what the console script runs: sys.exit(main())
-        finally:
-            os.environ.clear()
-            os.environ.update(saved)
-        return {"code": code, "out": out.getvalue(), "err": err.getvalue(), "vllm": "vllm" in sys.modules}
-"""
 STOCK_CRASH = "The expanded size of the tensor (8) must match the existing size (9)"
 
 
@@ -133,7 +115,7 @@ def _children(root: Path) -> dict[str, Any]:
         for name, (argv, env) in scripts.items()
     }  # fmt: skip
     callers = [
-        start(CALLS, terminal_environment({**json.loads(hub), "CALLS": json.dumps(group)}), cwd=root)
+        start("cli_calls", terminal_environment({**json.loads(hub), "CALLS": json.dumps(group)}), cwd=root)
         for hub, group in calls.items()
     ]
     results: dict[str, Any] = {"calls": {}}

@@ -25,136 +25,9 @@ import vllm_staging_plugin
 
 ENGINE_DIR = Path(vllm_staging_plugin.__file__).parent / "_engine"
 
-RANK = """
-import json, os, sys, tempfile
-from datetime import timedelta
-from types import SimpleNamespace
-import torch.distributed as dist
-
-PACKAGE = os.path.dirname(__import__("vllm_staging_plugin").__file__)
-ENGINE = os.path.join(PACKAGE, "_engine")
-rank = int(os.environ["RANK"])
-
-class Recording(dist.Store):
-    def __init__(self, inner):
-        super().__init__()
-        self.inner, self.calls = inner, []
-    def set(self, key, value):
-        self.calls.append(("set", key)); return self.inner.set(key, value)
-    def get(self, key):
-        self.calls.append(("get", key)); return self.inner.get(key)
-    def add(self, key, value):
-        self.calls.append(("add", key)); return self.inner.add(key, value)
-    def check(self, keys):
-        self.calls.append(("check", keys)); return self.inner.check(keys)
-    def wait(self, keys, timeout=None):
-        self.calls.append(("wait", keys))
-        return self.inner.wait(keys) if timeout is None else self.inner.wait(keys, timeout)
-    def compare_set(self, key, expected, desired):
-        self.calls.append(("compare_set", key)); return self.inner.compare_set(key, expected, desired)
-    def delete_key(self, key):
-        self.calls.append(("delete_key", key)); return self.inner.delete_key(key)
-    def num_keys(self):
-        return self.inner.num_keys()
-    def set_timeout(self, timeout):
-        return self.inner.set_timeout(timeout)
-
-store = Recording(dist.FileStore(os.environ["STORE"], 2))
-dist.init_process_group("gloo", store=store, rank=rank, world_size=2, timeout=timedelta(seconds=120))
-dist.barrier()
-
-from vllm.plugins import load_general_plugins
-load_general_plugins()  # what every vLLM process does: calls register() through the entry point
-import vllm.v1.worker.gpu.cudagraph_utils as cu  # what model_runner imports: the patch applies here
-
-def plugin_modules():
-    return sorted(m for m in sys.modules if m.startswith("vllm_staging_plugin") or m == "pluggy")
-
-def hooks():
-    return [type(f).__name__ for f in sys.meta_path if type(f).__module__.startswith("vllm_staging_plugin")]
-
-out = {"after_register": plugin_modules(), "hooks_after_register": hooks()}
-from vllm_staging_plugin._engine import staging
-from vllm_staging_plugin._offline import cpu_replay  # the test's driver, imported only now
-
-def engine_frames(action):
-    seen = []
-    def profiler(frame, event, arg):
-        if event == "call" and frame.f_code.co_filename.startswith(ENGINE):
-            seen.append(frame.f_code.co_name)
-    sys.setprofile(profiler)
-    try:
-        action()
-    finally:
-        sys.setprofile(None)
-    return seen
-
-def capture(sizes):
-    cfg = cpu_replay.ReplayConfig(sizes=sizes, max_num_seqs=max(sizes), hidden_size=64,
-                                  tensor_parallel_size=2)
-    with cpu_replay.cpu_stubs(cfg):
-        manager = cpu_replay.build_manager(cfg)
-        dist.barrier()
-        store.calls.clear()
-        results = []
-        before = set(sys.modules)
-        frames = engine_frames(lambda: results.append(cpu_replay.run_capture(manager, cfg)))
-        new = sorted(m for m in set(sys.modules) - before
-                     if m.startswith("vllm_staging_plugin") or m == "pluggy")
-        calls = list(store.calls)
-    result = results[0]
-    return manager, {"ok": result.ok, "error": result.error, "frames": frames, "store_calls": calls,
-                     "new_modules": new, "rows": {k: b["rows"] for k, b in result.buffers.items()},
-                     "class_is_vllms": type(manager) is cu.ModelCudaGraphManager}
-
-workdir = tempfile.mkdtemp()
-os.chdir(workdir)
-out["first"] = capture((1, 2))[1]  # the first capture of a process also builds the look-alike class
-manager, out["default"] = capture(cpu_replay.DEFAULT_SIZES)
-out["small"] = capture((1, 2, 4, 8))[1]
-out["default"]["modules"] = plugin_modules()
-out["hooks_after_capture"] = hooks()
-
-full = next(m for m in manager._capture_descs if m.name == "FULL")
-desc = manager._capture_descs[full][0]
-manager.graphs[desc] = SimpleNamespace(replay=lambda: None)
-out["replay_frames"] = engine_frames(lambda: manager.run_fullgraph(desc))
-sys.modules.pop("wave", None)
-out["import_frames"] = engine_frames(lambda: __import__("wave"))
-out["files_written"] = os.listdir(workdir)
-
-import vllm.plugins
-import vllm_staging_plugin
-
-vllm_staging_plugin.unregister()  # the control arm: a process started with an order set
-os.environ["STAGING_PLUGIN_ORDER"] = "ascending"
-vllm.plugins.plugins_loaded = False
-load_general_plugins()
-_, out["ascending"] = capture(cpu_replay.DEFAULT_SIZES)
-out["ascending"]["modules"] = plugin_modules()
-
-# Parallel layouts under that order: tensor-parallel ranks 0 and 1, and the two stages of a pipeline (the
-# first stage stages vLLM's IntermediateTensors, the last hidden states); stock replayed alike.
-layouts = {
-    "tp": cpu_replay.ReplayConfig(hidden_size=256, tensor_parallel_size=2),
-    "pp": cpu_replay.ReplayConfig(hidden_size=256, pipeline_parallel_size=2,
-                                  first_pp_rank=rank == 0, last_pp_rank=rank == 1),
-}
-for name, cfg in layouts.items():
-    with cpu_replay.cpu_stubs(cfg):
-        manager = cpu_replay.build_manager(cfg)
-        patched = cpu_replay.run_capture(manager, cfg)
-    stock = cpu_replay.replay(cfg, patched=False, reorder=cpu_replay.ascending)
-    out[name] = {"ok": patched.ok, "error": patched.error, "capacity": patched.capacity,
-                 "forwards": patched.forwards[::2], "agreed": staging.state_of(manager).ranks_agreed,
-                 "rows": {k: b["rows"] for k, b in patched.buffers.items()}, "stock_error": stock.error}
-dist.barrier()
-print("RESULT:" + json.dumps(out))
-"""
-
 # What every vLLM process has imported before it loads its plugins, imported once and the ranks forked from
 # it; neither the plugin nor vLLM's cudagraph_utils (whose import applies the patch in each rank) is in it.
-PRELOAD = "import torch.distributed, vllm.config, vllm.plugins"
+PRELOAD = ["torch.distributed", "vllm.config", "vllm.plugins"]
 DEFAULT_LOADED = [
     "vllm_staging_plugin",
     "vllm_staging_plugin._engine",
@@ -179,7 +52,7 @@ def ranks(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
     envs = [env | {"RANK": str(rank)} for rank in range(2)]
 
     def run() -> list[dict[str, Any]]:
-        return fork_together(RANK, envs, PRELOAD)
+        return fork_together("footprint_rank", envs, PRELOAD)
 
     ranks: list[dict[str, Any]] = once_per_run(tmp_path_factory, "test_engine_footprint", run)
     return ranks

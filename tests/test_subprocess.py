@@ -1,9 +1,10 @@
 """A fresh process: vLLM's own plugin loader finds the entry point; third-party policies; rank determinism.
 
-One child imports vLLM once and then plays several process start-ups in a row, each the way a vLLM
-process starts: its environment is set, the plugin is unregistered and vLLM's general plugins are loaded
-afresh (``vllm.plugins.plugins_loaded`` reset). Only the first start-up finds ``cudagraph_utils`` not yet
-imported (the import hook applies the patch); later ones find it imported (``register()`` patches at once).
+One child (``children/start_ups.py``) imports vLLM once and then plays several process start-ups in a
+row, each the way a vLLM process starts: its environment is set, the plugin is unregistered and vLLM's
+general plugins are loaded afresh (``vllm.plugins.plugins_loaded`` reset). Only the first start-up finds
+``cudagraph_utils`` not yet imported (the import hook applies the patch); later ones find it imported
+(``register()`` patches at once).
 """
 
 from __future__ import annotations
@@ -13,129 +14,11 @@ from importlib.metadata import entry_points
 from typing import Any
 
 import pytest
-from childproc import Checks, clean_environment, once_per_run, run_checks
+from childproc import TESTS, Checks, clean_environment, once_per_run, run_checks
 
 pytest.importorskip("vllm.plugins")
 pytestmark = pytest.mark.subprocess
 
-START_UPS = """
-import os, sys
-import vllm_staging_plugin
-from vllm_staging_plugin._engine.wrapping import is_plugin_wrapper
-
-
-@check("register before vLLM is imported")
-def _():
-    vllm_staging_plugin.register()
-    heavy = sorted(m for m in ("torch", "vllm", "pluggy") if m in sys.modules)
-    vllm_staging_plugin.unregister()
-    return heavy
-
-
-from vllm.config.logging import LoggingConfig
-from vllm.logger import configure_logging
-
-configure_logging(LoggingConfig())  # engine processes configure vLLM's log handler before loading plugins
-import vllm.plugins
-
-
-def environment(plugins, **variables):
-    vllm_staging_plugin.unregister()  # the previous start-up's process is gone
-    for key in [k for k in os.environ if k.startswith("STAGING_PLUGIN")]:
-        del os.environ[key]
-    os.environ.update(variables, VLLM_PLUGINS=plugins)
-    vllm.plugins.plugins_loaded = False
-
-
-def start_up(plugins, **variables):
-    environment(plugins, **variables)
-    vllm.plugins.load_general_plugins()  # exactly what EngineCore / each worker does at start-up
-
-
-def capture(ascending=False):
-    import vllm.v1.worker.gpu.cudagraph_utils as cu  # what model_runner imports before building managers
-    from vllm_staging_plugin._engine import staging
-    from vllm_staging_plugin._offline import cpu_replay
-
-    cfg = cpu_replay.ReplayConfig(hidden_size=64)
-    with cpu_replay.cpu_stubs(cfg):
-        manager = cpu_replay.build_manager(cfg)
-        result = cpu_replay.run_capture(manager, cfg, cpu_replay.ascending if ascending else None)
-    cls = cu.ModelCudaGraphManager
-    return {
-        "patched": any(is_plugin_wrapper(cls.__dict__[name]) for name in ("__init__", "capture")),
-        "registered": vllm_staging_plugin._installed is not None,
-        "capacity_attr": getattr(staging.state_of(manager), "capacity", None),
-        "ok": result.ok, "error": result.error,
-        "rows": {k: b["rows"] for k, b in result.buffers.items()},
-        "forwards": result.forwards[::2],
-    }
-
-
-@check("the plugin named")
-def _():
-    start_up("vllm_staging_plugin")
-    return capture(ascending=True)
-
-
-@check("another plugin named")
-def _():
-    start_up("some_other_plugin")
-    return capture(ascending=True)
-
-
-for order in ("max-first", "evens-first"):
-    @check(f"order {order}")
-    def _():
-        start_up("vllm_staging_plugin", STAGING_PLUGIN_ORDER=order)
-        return capture()
-
-
-for variable, value in [["STAGING_PLUGIN_ORDER", "fastest"], ["STAGING_PLUGIN_STRICT", "2"],
-                        ["STAGING_PLUGIN_PRESIZE", "maybe"], ["STAGING_PLUGIN_ORDER", "ascending"]]:
-    @check(f"front end {variable}={value}")
-    def _():
-        from vllm.engine.arg_utils import EngineArgs
-
-        environment("vllm_staging_plugin", **{variable: value})
-        try:  # what `vllm serve` / `vllm.LLM` build first; vLLM loads general plugins in its __post_init__
-            EngineArgs(model="/nonexistent/model-never-read")
-        except Exception as exc:
-            return {"raised": type(exc).__name__, "message": str(exc)}
-        return {"raised": None, "registered": vllm_staging_plugin._installed is not None}
-
-
-@check("shuffle:7")
-def _():
-    from vllm_staging_plugin._engine.policies import PolicyRegistry
-    from vllm_staging_plugin._engine.settings import Settings
-    from vllm_staging_plugin._offline import cpu_replay
-
-    environment("vllm_staging_plugin")
-    cfg = cpu_replay.ReplayConfig()
-    with cpu_replay.cpu_stubs(cfg), cpu_replay.stock_or_patched(False):
-        manager = cpu_replay.build_manager(cfg)
-    order = PolicyRegistry.load().reordered(Settings(order="shuffle:7"), manager._capture_descs)
-    return {m.name: [[d.num_tokens, d.num_active_loras] for d in ds] for m, ds in order.items()}
-
-
-vllm_staging_plugin.unregister()
-"""
-
-THIRD_PARTY = """
-from vllm_staging_plugin.hookspecs import hookimpl
-
-@hookimpl
-def staging_order_policies():
-    return ["max-first", "evens-first"]  # max-first is a built-in name: the built-in keeps it
-
-@hookimpl
-def staging_capture_order(policy, argument, mode, descriptors):
-    if policy == "max-first":  # never asked: would keep vLLM's descending order
-        return list(descriptors)
-    evens = [d for d in descriptors if d.num_tokens % 2 == 0]
-    return evens + [d for d in descriptors if d.num_tokens % 2]
-"""
 SHUFFLE_SEED = "99" if os.environ.get("PYTHONHASHSEED") != "99" else "1"  # not this process's
 
 
@@ -145,7 +28,7 @@ def child(tmp_path_factory: pytest.TempPathFactory) -> Checks:
 
     def run() -> dict[str, Any]:
         site = tmp_path_factory.mktemp("site")
-        (site / "my_policies.py").write_text(THIRD_PARTY)
+        (site / "my_policies.py").write_text((TESTS / "children" / "third_party_policies.py").read_text())
         dist = site / "my_policies-1.0.dist-info"
         dist.mkdir()
         (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: my-policies\nVersion: 1.0\n")
@@ -154,7 +37,7 @@ def child(tmp_path_factory: pytest.TempPathFactory) -> Checks:
         )
         path = os.pathsep.join([str(site), os.environ.get("PYTHONPATH", "")])
         env = clean_environment({"PYTHONPATH": path, "RANK": "1", "PYTHONHASHSEED": SHUFFLE_SEED})
-        return run_checks(START_UPS, env).to_json()
+        return run_checks("start_ups", env).to_json()
 
     return Checks.from_json(once_per_run(tmp_path_factory, "test_subprocess", run))
 

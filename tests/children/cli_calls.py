@@ -1,0 +1,38 @@
+"""The CLI's ``main`` called in one process for each case of ``CALLS`` (JSON: name, argv, variables), as
+the console script calls it; tests/test_cli_inputs.py reads what each printed and returned."""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import io
+import json
+import os
+import sys
+from typing import Any
+
+from children.harness import check, report
+from vllm_staging_plugin._offline.cli import main as cli_main
+
+
+def call(words: list[str], variables: dict[str, str]) -> dict[str, Any]:
+    saved = dict(os.environ)
+    os.environ.update(variables)
+    out, err = io.StringIO(), io.StringIO()
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            code = cli_main(words)  # what the console script runs: sys.exit(main())
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+    return {"code": code, "out": out.getvalue(), "err": err.getvalue(), "vllm": "vllm" in sys.modules}
+
+
+def main() -> None:
+    for name, words, variables in json.loads(os.environ["CALLS"]):
+        check(name)(functools.partial(call, words, variables))
+    report()
+
+
+if __name__ == "__main__":
+    main()
