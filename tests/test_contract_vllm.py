@@ -17,7 +17,7 @@ pytest.importorskip("vllm.v1.worker.gpu.cudagraph_utils")
 
 import vllm_staging_plugin
 from vllm_staging_plugin._engine import compat, staging
-from vllm_staging_plugin._offline import cpu_replay
+from vllm_staging_plugin._offline import cpu_replay, seams
 from vllm_staging_plugin._offline.cpu_replay import ReplayConfig, ascending, replay
 
 pytestmark = pytest.mark.contract
@@ -187,6 +187,10 @@ def test_descriptor_larger_than_every_registered_one_fits() -> None:
 
 def _drive(cfg: ReplayConfig, **manager_attrs: Any) -> cpu_replay.ReplayResult:
     """Build through the real route: register() patches the imported module, then capture."""
+    return _drive_manager(cfg, **manager_attrs)[0]
+
+
+def _drive_manager(cfg: ReplayConfig, **manager_attrs: Any) -> tuple[cpu_replay.ReplayResult, Any]:
     vllm_staging_plugin.register()
     cls = cpu_replay.cudagraph_module().ModelCudaGraphManager
     assert is_patched(cls)
@@ -195,7 +199,7 @@ def _drive(cfg: ReplayConfig, **manager_attrs: Any) -> cpu_replay.ReplayResult:
         assert staging.state_of(manager).capacity == 512
         for key, value in manager_attrs.items():
             setattr(manager, key, value)
-        return cpu_replay.run_capture(manager, cfg)
+        return cpu_replay.run_capture(manager, cfg), manager
 
 
 def test_register_patches_real_class_and_logs_capacity(plugin_log: Any) -> None:
@@ -209,12 +213,14 @@ def test_order_policy_reorders_the_real_capture(monkeypatch: pytest.MonkeyPatch)
     monkeypatch.setenv("STAGING_PLUGIN_ORDER", "ascending")
     vllm_staging_plugin.register()
     monkeypatch.setenv("STAGING_PLUGIN_ORDER", "fastest")
-    result = _drive(QWEN3_8B)  # its register() is a no-op
+    result, manager = _drive_manager(QWEN3_8B)  # its register() is a no-op
     assert result.ok and rows(result) == {"hidden_states": 512}
     captured = result.forwards[::2]  # warm-up and capture pass per descriptor
     assert captured[:51] == sorted(QWEN3_8B.sizes)  # PIECEWISE, ascending
     assert captured[51:] == sorted(captured[51:]) and captured[51:][-1] == 128  # FULL, ascending
-    assert result.sequence["PIECEWISE"][0] == 512  # vLLM's own lists are restored afterwards
+    assert result.sequence["PIECEWISE"] == captured[:51]  # the replay reports the order captured
+    own = {mode.name: [d.num_tokens for d in descs] for mode, descs in seams.capture_plan(manager).items()}
+    assert own["PIECEWISE"][:2] == [512, 496]  # vLLM's own lists are restored afterwards
 
 
 @needs(HAS_PROFILING_HOOK, "CUDA-graph memory profiling pass")

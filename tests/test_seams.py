@@ -1,11 +1,12 @@
 """Contract tests of ``_offline/seams.py`` against the installed vLLM: each private it reaches still answers
 as its docstring says, and the process is left as it was found. CI runs them on every release it covers
 (tools/compat_matrix.py); the pre-flight's seams need the configuration path the pre-flight uses
-(``vllm.entrypoints.common``, 0.32.0 and later) and skip before it."""
+(``vllm.entrypoints.common.cli_args``, 0.33.0) and skip without it."""
 
 from __future__ import annotations
 
 import importlib.util
+import re
 from pathlib import Path
 from typing import Any
 
@@ -17,9 +18,18 @@ from vllm_staging_plugin._offline.preflight import configure
 from vllm_staging_plugin._offline.preflight.platform import GPUS, platform_for_check
 
 pytestmark = [pytest.mark.contract, pytest.mark.usefixtures("model_inspection_cache", "offline")]
+
+
+def _importable(name: str) -> bool:
+    try:
+        return importlib.util.find_spec(name) is not None
+    except ModuleNotFoundError:  # a parent package is missing
+        return False
+
+
 preflight_release = pytest.mark.skipif(
-    importlib.util.find_spec("vllm.entrypoints.common") is None,
-    reason="this vLLM lacks the configuration path the pre-flight builds on (vllm.entrypoints.common)",
+    not _importable("vllm.entrypoints.common.cli_args"),
+    reason="this vLLM lacks the parser the pre-flight builds on (vllm.entrypoints.common.cli_args)",
 )
 RELEASE = importlib.import_module("vllm").__version__
 NGRAM_8 = ["--max-num-seqs", "48", "--speculative-config",
@@ -101,20 +111,26 @@ def test_on_vllm_with_the_kda_patch_the_index_covers_the_query(kimi_linear: str)
     assert (step.index_columns, step.query_length) == (9, 9) and not step.faults
 
 
-# Each release's answers, pinned where CI runs it (tools/compat_matrix.py): 0.29.0 appends the uniform
-# decode sizes to the derived grid and raises its ceiling on data-centre Blackwell; knobs arrive one by one.
-UNIFORM_DECODE_SIZES = {"0.18.0": False, "0.24.0": False, "0.29.0": True, "0.33.0": True}
-BLACKWELL_CEILING = {"0.18.0": 512, "0.24.0": 512, "0.29.0": 1024, "0.33.0": 1024}
-KNOBS = ("lora_capture_cases", "varlen_decode", "dbo", "kda_recoverssm", "dense_schedule",
-         "intermediate_tensors")  # fmt: skip
-MANAGER_FEATURES = {
-    "0.18.0": set(),
-    "0.24.0": {"lora_capture_cases", "intermediate_tensors"},
-    "0.29.0": {"lora_capture_cases", "varlen_decode", "dense_schedule", "intermediate_tensors"},
-    "0.33.0": set(KNOBS),
-}
+# Each release's answers, pinned from the releases themselves (tools/compat_matrix.py runs this file on
+# every supported one): the first release with each manager knob, with the uniform decode sizes in the
+# derived grid, and with the 1024 ceiling on data-centre Blackwell.
+KNOB_SINCE = {"intermediate_tensors": "0.19.0", "lora_capture_cases": "0.24.0", "dense_schedule": "0.25.0",
+              "varlen_decode": "0.28.0", "dbo": "0.30.0", "kda_recoverssm": "0.30.0"}  # fmt: skip
+UNIFORM_DECODE_SIZES_SINCE, BLACKWELL_1024_SINCE = "0.29.0", "0.28.0"
+
+
+def _release(text: str) -> tuple[int, ...]:
+    found = re.match(r"(\d+)\.(\d+)\.(\d+)", text)
+    return tuple(map(int, found.groups())) if found else ()
+
+
+def has_since(first: str) -> bool:
+    return _release(RELEASE) >= _release(first)
+
+
 pinned_release = pytest.mark.skipif(
-    RELEASE not in MANAGER_FEATURES, reason=f"no answers pinned for vLLM {RELEASE}"
+    not (_release("0.18.0") <= _release(RELEASE) <= _release("0.33.0")),
+    reason=f"no answers pinned for vLLM {RELEASE}",
 )
 
 
@@ -127,7 +143,7 @@ def test_the_derived_grid_is_vllms_own_and_carries_its_decode_sizes() -> None:
     plain = cpu_replay.derived_capture_sizes(max_num_seqs=256)
     assert plain[:4] == [1, 2, 4, 8] and plain[-1] == 512 and plain == sorted(plain)
     speculative = cpu_replay.derived_capture_sizes(max_num_seqs=6, num_speculative_tokens=4)
-    if UNIFORM_DECODE_SIZES[RELEASE]:  # 5, 10, 20, 30: 1, 2, 4, 6 x 5
+    if has_since(UNIFORM_DECODE_SIZES_SINCE):  # 5, 10, 20, 30: 1, 2, 4, 6 x 5
         assert speculative == [1, 2, 4, 5, 8, 10, 16, 20, 24, 30, 32, 40, 48, 56]
     else:
         assert speculative == [1, 2, 4, 8, 16, 24, 32, 40, 48, 56]
@@ -142,7 +158,8 @@ def test_the_capability_family_answer_raises_the_derived_ceiling_for_the_block_o
     before = dict(vars(type(current_platform)))
     with seams.capability_family(100):
         assert current_platform.is_device_capability_family(100)
-        assert max(cpu_replay.derived_capture_sizes(max_num_seqs=512)) == BLACKWELL_CEILING[RELEASE]
+        ceiling = 1024 if has_since(BLACKWELL_1024_SINCE) else 512
+        assert max(cpu_replay.derived_capture_sizes(max_num_seqs=512)) == ceiling
     assert dict(vars(type(current_platform))) == before
     assert max(cpu_replay.derived_capture_sizes(max_num_seqs=512)) == 512
 
@@ -163,7 +180,7 @@ def test_the_manager_features_of_this_release() -> None:
     from vllm_staging_plugin._offline import cpu_replay
 
     features = seams.manager_features(cpu_replay.cudagraph_module())
-    assert features == {knob: knob in MANAGER_FEATURES[RELEASE] for knob in KNOBS}
+    assert features == {knob: has_since(first) for knob, first in KNOB_SINCE.items()}
 
 
 def test_an_architecture_is_inspected_through_vllms_registry(monkeypatch: pytest.MonkeyPatch) -> None:

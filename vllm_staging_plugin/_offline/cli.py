@@ -4,11 +4,12 @@ arguments (``check -- MODEL ...``) and compare receipts (``report``)."""
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import NoReturn
 
 from .. import __version__
 from .._engine.settings import DEFAULT_ORDER, ConfigError, Settings, read_settings
@@ -69,15 +70,14 @@ def check(args: argparse.Namespace) -> int:
         mode=args.mode, sizes=cpu_replay.default_sizes(args.max_size),
         max_num_seqs=args.max_num_seqs, hidden_size=args.hidden_size,
     )  # fmt: skip
-    order = Settings(order=args.order or MAIN_JOB_ORDER)
-
-    def reorder(descs: list[Any]) -> list[Any]:
-        return policies.order(order, "replay", descs)
-
+    # The order goes through the plugin's own policy path, as in an engine: the patch reorders vLLM's
+    # capture lists; with presize off-allow-crash it leaves vLLM's lazy staging alone (stock in that order).
+    order = Settings(order=args.order or MAIN_JOB_ORDER, strict=True)
+    on_stock = dataclasses.replace(order, presize="off-allow-crash")
     stock_default = cpu_replay.replay(cfg, patched=False)
     patched_default = cpu_replay.replay(cfg, patched=True)
-    stock = cpu_replay.replay(cfg, patched=False, reorder=reorder)
-    patched = cpu_replay.replay(cfg, patched=True, reorder=reorder)
+    stock = cpu_replay.replay(cfg, patched=True, settings=on_stock)
+    patched = cpu_replay.replay(cfg, patched=True, settings=order)
     print()
     print(f"capture plan (real {compat.MANAGER_CLASS} built on CPU; {cfg.mode}, "
           f"{len(cfg.sizes)} sizes up to {max(cfg.sizes)}, max_num_seqs {cfg.max_num_seqs}, "

@@ -25,7 +25,11 @@ PATCHED = Settings(strict=True)
 that would refuse this vLLM raises instead of leaving it stock), no receipts."""
 
 
+ON_STOCK_ASCENDING = Settings(order="ascending", presize="off-allow-crash", strict=True)
+"""The plugin's own ``ascending`` policy over vLLM's lazy staging: stock vLLM captured ascending."""
 Reorder = Callable[[list[Any]], list[Any]]
+"""A test harness's order (a permutation no policy expresses, a descriptor added); tools apply an order
+through ``Settings`` and the plugin's policies, as an engine does."""
 
 
 @dataclass
@@ -33,6 +37,7 @@ class ReplayResult:
     ok: bool
     error: str | None
     sequence: dict[str, list[int]]
+    """``num_tokens`` per mode in the order captured (a patch's order, or vLLM's own)."""
     capacity: int
     buffers: dict[str, dict[str, Any]] = field(default_factory=dict)
     forwards: list[int] = field(default_factory=list)
@@ -107,10 +112,11 @@ def run_capture(manager: Any, cfg: ReplayConfig, reorder: Reorder | None = None)
         manager.capture(**_arguments_for(type(manager).capture, available))
     except Exception as exc:
         error = f"{type(exc).__name__}: {exc}"
+    walked = vars(manager).get(seams.manager.REPLAYED_PLAN, plan)  # the order captured, a patch's too
     return ReplayResult(
         ok=error is None,
         error=error,
-        sequence=capture_sequence(plan),
+        sequence=capture_sequence(walked),
         capacity=staging_capacity(plan),
         buffers=staging_buffer_bytes(manager),
         forwards=model.forwards,
@@ -173,6 +179,6 @@ def vllm_presizes() -> bool:
     size; a vLLM that pre-sizes captures it with every buffer at the largest descriptor's rows.
     """
     cfg = ReplayConfig(mode="FULL", sizes=(1, 2, 4), max_num_seqs=4, hidden_size=8)
-    result = replay(cfg, patched=False, reorder=ascending)
+    result = replay(cfg, patched=True, settings=ON_STOCK_ASCENDING)
     rows = {buffer["rows"] for buffer in result.buffers.values()}
     return result.ok and rows == {result.capacity}

@@ -50,12 +50,17 @@ def manager_features(cudagraph_module: Any) -> dict[str, bool]:
     }
 
 
+REPLAYED_PLAN = "_cpu_replay_plan"
+"""The manager attribute where the CPU capture loop leaves the plan it walked (the order it captured)."""
+
+
 @contextlib.contextmanager
 def cpu_capture_edges(first_pp_rank: bool, last_pp_rank: bool, dbo: bool) -> Iterator[types.ModuleType]:
     """For the block, ``cudagraph_utils`` runs on CPU: its pipeline group answers for the given rank, input
     preparation, the forward context and compiled-submodule checks are no-ops, the graph pool is a stub,
     and ``CudaGraphManager.capture`` runs each descriptor's warm-up and capture forwards eagerly in vLLM's
-    order (PIECEWISE, then FULL, the profiling pass's FULL limit kept) instead of recording graphs; with
+    order (PIECEWISE, then FULL, the profiling pass's FULL limit kept) instead of recording graphs, and
+    leaves the plan it walked on the manager (``REPLAYED_PLAN``); with
     ``dbo``, the microbatched path's CUDA edges too. Yields the module. Privates (0.18.0-0.33.0): those
     module-level names, ``CudaGraphManager.capture``, ``_max_full_descs_to_capture`` (0.29+) and
     ``_graphs_captured``; tests/test_contract_replay_loop.py pins this loop to vLLM's own on every release
@@ -76,8 +81,9 @@ def cpu_capture_edges(first_pp_rank: bool, last_pp_rank: bool, dbo: bool) -> Ite
             (made[0] if isinstance(made, tuple) else made)(CUDAGraphMode.NONE)
 
         limit = getattr(self, "_max_full_descs_to_capture", None)  # profiling hook, 0.29+
+        plan = vars(self)[REPLAYED_PLAN] = capture_plan(self)  # a patch may have swapped in its order
         for mode in (CUDAGraphMode.PIECEWISE, CUDAGraphMode.FULL):
-            descs = capture_plan(self).get(mode, [])
+            descs = plan.get(mode, [])
             if mode == CUDAGraphMode.FULL and limit is not None:
                 descs = descs[:limit]
             for desc in descs:
