@@ -4,7 +4,6 @@ arguments (``check -- MODEL ...``) and compare receipts (``report``)."""
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import sys
 from collections.abc import Sequence
@@ -12,96 +11,65 @@ from pathlib import Path
 from typing import NoReturn
 
 from .. import __version__
-from .._engine.settings import DEFAULT_ORDER, ConfigError, Settings, read_settings
+from . import main_job
+from .main_job import MainJob
 from .preflight import GPUS
 from .quiet import quiet_logs
 from .scoped import attributes
 from .text import describe_buffers, shorten
-
-# The main job shows a crash and its fix; the pre-flight (`check -- ARGS`) defaults to vLLM's own order.
-MAIN_JOB_ORDER = "ascending"
 
 
 def _installed(versions: dict[str, str | None], dist: str) -> str:
     return f"{dist} {versions[dist]}" if versions[dist] else f"{dist} not installed"
 
 
+def render_main_job(job: MainJob) -> str:
+    """The main job's report, as far as the job got."""
+    versions = job.versions
+    lines = [f"vllm-staging-plugin {job.plugin_version}",
+             f"installed: {_installed(versions, 'vllm')}, {_installed(versions, 'torch')}"]  # fmt: skip
+    if job.config_error is not None:
+        return "\n".join([*lines, f"configuration: INVALID: {job.config_error}"])
+    settings = job.settings
+    assert settings is not None
+    lines += [f"configuration: order={settings.order} presize={settings.presize} strict={settings.strict} "
+              f"disabled={settings.disabled} receipts={settings.receipts_dir or '-'} (valid)",
+              f"order policies: {job.policies}"]  # fmt: skip
+    if job.refusal is not None:
+        left = "" if job.versions["vllm"] is None else "; vLLM is left untouched"
+        return "\n".join([*lines, f"would patch: no ({job.refusal}){left}"])
+    lines.append(f"would patch: yes ({job.manager}; platform '{job.platform}')")
+    if job.vllm_presizes:
+        lines.append("this vLLM already pre-sizes its staging buffers to the largest capture descriptor: the "
+                     "plugin leaves them to vLLM and keeps only the order knob")  # fmt: skip
+    r = job.replays
+    assert r is not None
+    cfg, manager = r.cfg, job.manager.rpartition(".")[2]
+    lines += ["", f"capture plan (real {manager} built on CPU; {cfg.mode}, {len(cfg.sizes)} sizes up to "
+              f"{max(cfg.sizes)}, max_num_seqs {cfg.max_num_seqs}, hidden {cfg.hidden_size} "
+              f"{str(cfg.dtype).removeprefix('torch.')}):"]  # fmt: skip
+    lines += [f"  {mode:<10} {len(tokens):>3} descriptors, num_tokens {shorten(tokens)}"
+              for mode, tokens in r.stock_default.sequence.items()]  # fmt: skip
+    lines += [f"  capacity   {r.stock_default.capacity} rows",
+              f"  staging    {describe_buffers(r.patched_default.buffers)}", ""]  # fmt: skip
+    own = "boots" if r.stock_default.ok else "crashes"
+    lines.append(f"demonstration on this synthetic configuration, not your deployment: vLLM's staging code "
+                 f"replayed under the order '{r.order.order}' (in its own descending order stock vLLM {own} "
+                 "here; `check -- <vllm serve args>` checks a deployment):")  # fmt: skip
+    lines += [f"  {mode:<10} num_tokens {shorten(tokens)}" for mode, tokens in r.stock.sequence.items()]
+    for arm, result in (("stock", r.stock), ("patched", r.patched)):
+        outcome = result.error or describe_buffers(result.buffers)
+        lines.append(f"  {arm:<8} {'OK' if result.ok else 'CRASH'}: {outcome}")
+    lines.append("under vLLM's own order (descending): stock and patched buffers identical in shape, dtype "
+                 f"and bytes: {'yes' if r.identical else 'NO'}")  # fmt: skip
+    return "\n".join(lines)
+
+
 def check(args: argparse.Namespace) -> int:
     """The main job: what is installed, whether the plugin would patch it, and a CPU replay."""
-    from .._engine import compat
-
-    versions = compat.installed_versions()
-    print(f"vllm-staging-plugin {__version__}")
-    print(f"installed: {_installed(versions, 'vllm')}, {_installed(versions, 'torch')}")
-    from .._engine.policies import PolicyRegistry
-
-    try:
-        settings = read_settings()
-        policies = PolicyRegistry.load()
-        if settings.order != DEFAULT_ORDER:
-            policies.validate(settings)
-        print(f"configuration: order={settings.order} presize={settings.presize} "
-              f"strict={settings.strict} disabled={settings.disabled} "
-              f"receipts={settings.receipts_dir or '-'} (valid)")  # fmt: skip
-        print(f"order policies: {policies.allowed()}")
-    except ConfigError as exc:
-        print(f"configuration: INVALID: {exc}")
-        return 2
-    if versions["vllm"] is None:
-        print("would patch: no (vLLM is not installed)")
-        return 1
-    from . import cpu_replay
-
-    try:
-        module = cpu_replay.cudagraph_module()
-        compat.manager_class(module)
-        platform_note = compat.platform_name()
-        compat.check_platform()
-    except Exception as exc:
-        print(f"would patch: no ({type(exc).__name__}: {exc}); vLLM is left untouched")
-        return 1
-    print(f"would patch: yes ({compat.CUDAGRAPH_MODULE}.{compat.MANAGER_CLASS}; platform "
-          f"'{platform_note}')")  # fmt: skip
-    if cpu_replay.vllm_presizes():
-        print("this vLLM already pre-sizes its staging buffers to the largest capture descriptor: the plugin "
-              "leaves them to vLLM and keeps only the order knob")  # fmt: skip
-
-    cfg = cpu_replay.ReplayConfig(
-        mode=args.mode, sizes=cpu_replay.default_sizes(args.max_size),
-        max_num_seqs=args.max_num_seqs, hidden_size=args.hidden_size,
-    )  # fmt: skip
-    # The order goes through the plugin's own policy path, as in an engine: the patch reorders vLLM's
-    # capture lists; with presize off-allow-crash it leaves vLLM's lazy staging alone (stock in that order).
-    order = Settings(order=args.order or MAIN_JOB_ORDER, strict=True)
-    on_stock = dataclasses.replace(order, presize="off-allow-crash")
-    stock_default = cpu_replay.replay(cfg, patched=False)
-    patched_default = cpu_replay.replay(cfg, patched=True)
-    stock = cpu_replay.replay(cfg, patched=True, settings=on_stock)
-    patched = cpu_replay.replay(cfg, patched=True, settings=order)
-    print()
-    print(f"capture plan (real {compat.MANAGER_CLASS} built on CPU; {cfg.mode}, "
-          f"{len(cfg.sizes)} sizes up to {max(cfg.sizes)}, max_num_seqs {cfg.max_num_seqs}, "
-          f"hidden {cfg.hidden_size} {str(cfg.dtype).removeprefix('torch.')}):")  # fmt: skip
-    for mode, tokens in stock_default.sequence.items():
-        print(f"  {mode:<10} {len(tokens):>3} descriptors, num_tokens {shorten(tokens)}")
-    print(f"  capacity   {stock_default.capacity} rows")
-    print(f"  staging    {describe_buffers(patched_default.buffers)}")
-    print()
-    own = "boots" if stock_default.ok else "crashes"
-    print(f"demonstration on this synthetic configuration, not your deployment: vLLM's staging code replayed "
-          f"under the order '{order.order}' (in its own descending order stock vLLM {own} here; "
-          "`check -- <vllm serve args>` checks a deployment):")  # fmt: skip
-    for mode, tokens in stock.sequence.items():
-        print(f"  {mode:<10} num_tokens {shorten(tokens)}")
-    print(f"  stock    {'OK' if stock.ok else 'CRASH'}: {stock.error or describe_buffers(stock.buffers)}")
-    print(
-        f"  patched  {'OK' if patched.ok else 'CRASH'}: {patched.error or describe_buffers(patched.buffers)}"
-    )
-    identical = stock_default.ok and stock_default.buffers == patched_default.buffers
-    print(f"under vLLM's own order (descending): stock and patched buffers identical in shape, dtype "
-          f"and bytes: {'yes' if identical else 'NO'}")  # fmt: skip
-    patched_full = patched.ok and all(b["rows"] >= patched.capacity for b in patched.buffers.values())
-    return 0 if identical and patched_full else 1
+    job = main_job.run(args.mode, args.max_size, args.max_num_seqs, args.hidden_size, args.order)
+    print(render_main_job(job))
+    return job.exit_code
 
 
 def report_command(args: argparse.Namespace) -> int:
