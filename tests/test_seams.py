@@ -1,7 +1,8 @@
-"""Contract tests of ``_offline/seams.py`` against the installed vLLM: each private it reaches still answers
-as its docstring says, and the process is left as it was found. CI runs them on every release it covers
-(tools/compat_matrix.py); the pre-flight's seams need the configuration path the pre-flight uses
-(``vllm.entrypoints.common.cli_args``, 0.33.0) and skip without it."""
+"""Contract tests of ``_offline/seams/`` against the installed vLLM: each private it reaches still answers
+as its docstring says, and the process is left as it was found. CI runs them on every supported release
+it covers (tools/compat_matrix.py: 0.18.0, 0.24.0, 0.29.0, and the installed 0.33.0); the pre-flight's
+seams need the parser the pre-flight uses (``vllm.entrypoints.common.cli_args``, 0.33.0) and skip
+without it."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ import pytest
 from configs import K3_4_LAYERS, KIMI_LINEAR_4_LAYERS, NO_WEIGHTS, QWEN3_0_6B, model_folder
 
 from vllm_staging_plugin._offline import seams
-from vllm_staging_plugin._offline.preflight import configure
+from vllm_staging_plugin._offline.preflight import arguments, configure
 from vllm_staging_plugin._offline.preflight.platform import GPUS, platform_for_check
 
 pytestmark = [pytest.mark.contract, pytest.mark.usefixtures("model_inspection_cache", "offline")]
@@ -41,7 +42,7 @@ def vllm_config(model: str, *words: str) -> Any:
     with platform_for_check(GPUS["h200"]) as (platform, emulated):
         if emulated:
             type(platform).emulated_count = 8  # one node of eight
-        args = configure.parse_serve_arguments([model, *NO_WEIGHTS, *words])
+        args = arguments.parse_serve_arguments([model, *NO_WEIGHTS, *words])
         configure.inspect_model_classes(str(args.model))
         return configure.create_engine_config(args)
 

@@ -289,7 +289,8 @@ def _run(parser: argparse.ArgumentParser, words: list[str], serve_args: list[str
 
 def _order_or_refuse(order: str) -> None:
     """A bad --order of the main job: one line naming the flag, exit 2 (as the pre-flight does)."""
-    from .preflight.configure import BadArguments, check_order
+    from .preflight.arguments import check_order
+    from .preflight.refusals import BadArguments
 
     try:
         check_order(order)

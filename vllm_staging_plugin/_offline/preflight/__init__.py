@@ -23,19 +23,12 @@ from ..._engine.settings import ENV_ORDER
 from .. import scoped, seams
 from ..text import first_line
 from . import workaround
-from .configure import (
-    GPU_HOST,
-    BadArguments,
-    CannotCheckHere,
-    check_model,
-    check_model_early,
-    check_order,
-    create_engine_config,
-    inspect_model_classes,
-    parse_serve_arguments,
-)
+from .arguments import check_order, parse_serve_arguments
+from .configure import create_engine_config, inspect_model_classes
+from .model_source import check_model, check_model_early
 from .phases import Phases
 from .platform import GPUS, Gpu, node_gpus, platform_for_check, platform_json
+from .refusals import GPU_HOST, BadArguments, CannotCheckHere
 from .render import render
 from .result import Preflight, StageResult
 

@@ -5,9 +5,13 @@ CUDA-graph manager and what the runner hands it), ``kda`` (the Kimi KDA layers' 
 releases it was read on, and what happens when vLLM changes it; tests/test_seams.py runs each against the
 installed vLLM, and CI against every release it covers.
 
-A changed private makes a seam raise (``SeamChanged``, or vLLM's own AttributeError / ImportError), or
-return "does not apply", never a wrong answer: the caller reports that the check could not be made. No
-other offline module reaches a vLLM private or rebinds a vLLM global.
+A changed private makes most seams raise (``SeamChanged``, or vLLM's own AttributeError / ImportError) or
+return "does not apply", and the caller reports that the check could not be made. Three degrade instead,
+each saying how in its docstring: ``config_failure`` (a changed sentence reads as vLLM's own refusal,
+exit 2), ``manager_inputs`` (the auxiliary-buffer count falls back to the draft's layer ids, or 3) and
+``capability_family`` (a renamed method is no longer asked: the derived ceiling stays 512, which
+tests/test_seams.py's per-release pin catches). No other offline module reaches a vLLM private or
+rebinds a vLLM global.
 """
 
 from .changed import SeamChanged

@@ -22,7 +22,8 @@ def capability_family(family: int) -> Iterator[None]:
     """For the block, the platform answers ``is_device_capability_family(family)`` with yes (e.g. 100:
     data-centre Blackwell, whose derived-grid ceiling is 1024 where others have 512). Private: the
     classmethod on the platform class of ``current_platform``, which ``_set_cudagraph_sizes`` asks
-    (0.28.0-0.33.0); gone, the question is not asked and the answer changes nothing."""
+    (0.28.0-0.33.0); renamed, the question is no longer asked and the ceiling stays 512 (the per-release
+    pin of tests/test_seams.py catches it)."""
     from vllm.platforms import current_platform
 
     answer = classmethod(lambda _, capability, device_id=0: capability // 10 == family // 10)

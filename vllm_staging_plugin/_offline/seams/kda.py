@@ -47,7 +47,7 @@ def kda_layer_class(vllm_config: Any) -> Any:
     """The KDA layer class vLLM's Kimi decoder builds for this model, or None when the model has none.
 
     Private: ``KimiDecoderLayer`` in the model class's module (``vllm/models/kimi_k3/nvidia/model.py``;
-    read on 0.33.0, present from 0.28.0), which picks the layer: Kimi-K3's own ``KimiK3DeltaAttention``
+    read on 0.33.0, present from 0.27.0), which picks the layer: Kimi-K3's own ``KimiK3DeltaAttention``
     for a full-rank gate, the shared ``KimiGatedDeltaNetAttention`` otherwise. The decoder is built for the
     first KDA layer with every Mamba-layer class of that module replaced by a recorder, so the class it
     asks for is read from vLLM's own choice; nothing else of the decoder is built. A module without
@@ -106,7 +106,7 @@ def kda_mixed_step(vllm_config: Any) -> KdaMixedStep | None:
 
     Privates: the layer's ``get_kv_cache_spec`` (its state slots per request; ``--use-replayssm`` gives
     one, ``vllm/model_executor/layers/mamba/abstract.py``), ``GDNAttentionMetadataBuilder``
-    (``vllm/v1/attention/backends/gdn_attn.py``; read on 0.33.0, present from 0.28.0), its ``build``
+    (``vllm/v1/attention/backends/gdn_attn.py``; read on 0.33.0, present from 0.14.0), its ``build``
     arguments ``num_accepted_tokens`` / ``num_decode_draft_tokens_cpu`` and ``CommonAttentionMetadata``'s
     fields. A builder or metadata that changes shape raises SeamChanged, which the caller reports.
     """

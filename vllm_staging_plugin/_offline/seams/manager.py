@@ -61,10 +61,13 @@ def cpu_capture_edges(first_pp_rank: bool, last_pp_rank: bool, dbo: bool) -> Ite
     and ``CudaGraphManager.capture`` runs each descriptor's warm-up and capture forwards eagerly in vLLM's
     order (PIECEWISE, then FULL, the profiling pass's FULL limit kept) instead of recording graphs, and
     leaves the plan it walked on the manager (``REPLAYED_PLAN``); with
-    ``dbo``, the microbatched path's CUDA edges too. Yields the module. Privates (0.18.0-0.33.0): those
-    module-level names, ``CudaGraphManager.capture``, ``_max_full_descs_to_capture`` (0.29+) and
-    ``_graphs_captured``; tests/test_contract_replay_loop.py pins this loop to vLLM's own on every release
-    CI covers, and a renamed module-level name makes the block raise AttributeError."""
+    ``dbo``, the microbatched path's CUDA edges too. Yields the module. Privates: those module-level names
+    (``prepare_inputs_to_capture`` and ``set_forward_context`` 0.18.0+, ``get_pp_group`` 0.19.0+,
+    ``has_compiled_submodule`` 0.30.0+, ``set_dcp_capture_context`` 0.33.0), ``CudaGraphManager.capture``,
+    ``_max_full_descs_to_capture`` (0.29.0+) and ``_graphs_captured``. A name a release lacks is set for
+    the block and removed after (nothing there calls it); a renamed one would leave vLLM's own function
+    running, which tests/test_contract_replay_loop.py (this loop against vLLM's own, on every release CI
+    covers) and the contract tests' crash / no-crash outcomes catch."""
     import vllm.v1.worker.gpu.cudagraph_utils as cu
     from vllm.config.compilation import CUDAGraphMode
 
@@ -133,7 +136,9 @@ def manager_inputs(vllm_config: Any) -> ManagerInputs:
     listed in ``notes``. Internals it calls as the runner does (0.32.0-0.33.0):
     ``CompilationConfig.resolve_cudagraph_mode_and_sizes``, ``VLLM_USE_BREAKABLE_CUDAGRAPH``,
     ``get_lora_capture_cases``, ``requires_aux_hidden_states`` and ``get_eagle3_aux_layers_from_config``;
-    one renamed or re-signed raises (ImportError, TypeError), and the pre-flight reports it.
+    one renamed or re-signed raises (ImportError, TypeError) and the pre-flight reports it, except
+    ``get_eagle3_aux_layers_from_config``: without it the auxiliary buffers are counted from the draft's
+    layer ids, else 3 (vLLM's default before it had the function).
     """
     import vllm.envs as envs
     from vllm.config.compilation import CompilationMode

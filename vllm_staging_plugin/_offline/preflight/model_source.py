@@ -1,0 +1,92 @@
+"""Where the model's config.json comes from: a local folder (it must exist) or the Hugging Face hub (it
+must be cached or reachable), checked before vLLM spends seconds failing on it."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from .refusals import BadArguments, CannotCheckHere
+
+HUB_TIMEOUT = 3.0  # seconds to wait for the hub's address before saying it cannot be reached
+
+
+def check_model(model: str, revision: str | None) -> None:
+    """A missing or mistyped folder (exit 2), a hub name neither cached nor reachable (exit 3): one line."""
+    _model_folder_exists(model)
+    _hub_model_reachable(model, revision)
+
+
+def check_model_early(argv: Sequence[str]) -> str | None:
+    """:func:`check_model` before vLLM is imported (seconds sooner), for the usual form where the model
+    comes first and no ``--revision`` is given; returns the model it checked, else None."""
+    if not argv or argv[0].startswith("-") or any(w.startswith("--revision") for w in argv):
+        return None
+    check_model(argv[0], None)
+    return argv[0]
+
+
+def _model_folder_exists(model: str) -> None:
+    """A model written as a path (``/``, ``./``, ``../``, ``~``) must be a folder: say so in one line.
+
+    Without this, vLLM's hub client reports a missing folder as an invalid repository id.
+    """
+    import os
+
+    if model.startswith(("/", "./", "../", "~")) and not os.path.isdir(os.path.expanduser(model)):
+        what = "a file, not a model folder" if os.path.exists(os.path.expanduser(model)) else "no such folder"
+        raise BadArguments(f"model {model!r}: {what} (a local model is a folder holding its config.json)")
+
+
+def _typo_of_a_folder(model: str) -> None:
+    """A name that is no folder but close to one beside it is a mistyped folder (exit 2), not a hub name."""
+    import difflib
+    import os
+
+    parent, name = os.path.split(os.path.expanduser(model))
+    try:
+        folders = [e.name for e in os.scandir(parent or ".") if e.is_dir()]
+    except OSError:
+        return
+    close = difflib.get_close_matches(name, folders, n=1, cutoff=0.8)
+    if close:
+        guess = os.path.join(parent, close[0]) if parent else close[0]
+        raise BadArguments(f"model {model!r}: no such folder; did you mean {guess!r}?")
+
+
+def _hub_model_reachable(model: str, revision: str | None) -> None:
+    """A hub name needs its config.json from the cache or the hub: when neither can give it, say so at
+    once (exit 3) instead of letting the hub client retry for half a minute."""
+    import os
+    import socket
+    from urllib.parse import urlparse
+
+    if os.path.isdir(os.path.expanduser(model)) or os.environ.get("VLLM_USE_MODELSCOPE", "").lower() in (
+        "1", "true"):  # fmt: skip
+        return
+    try:
+        from huggingface_hub import try_to_load_from_cache
+        from huggingface_hub.constants import ENDPOINT, HF_HUB_OFFLINE
+    except ImportError:
+        return
+    try:
+        cached = try_to_load_from_cache(model, "config.json", revision=revision)
+    except Exception:  # not a valid repository id: vLLM's own message says so
+        return
+    if isinstance(cached, str):
+        return
+    _typo_of_a_folder(model)
+    fix = (f"put its config.json in a folder and give that folder (./{model.rsplit('/', 1)[-1]}), or run "
+           "where the hub is reachable")  # fmt: skip
+    if HF_HUB_OFFLINE:
+        raise CannotCheckHere(
+            f"model {model!r} is not a local folder, not in the Hugging Face cache, and HF_HUB_OFFLINE is "
+            f"set (unset it to fetch the config): {fix}"
+        )
+    host = urlparse(ENDPOINT).hostname or "huggingface.co"
+    try:
+        socket.create_connection((host, 443), timeout=HUB_TIMEOUT).close()
+    except OSError as exc:
+        raise CannotCheckHere(
+            f"model {model!r} is not a local folder and the hub ({host}) cannot be reached from this machine "
+            f"({exc}): {fix}"
+        ) from None
