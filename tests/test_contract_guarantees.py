@@ -5,14 +5,14 @@ plugin's variables reach Ray workers."""
 from __future__ import annotations
 
 import json
-import sys
 from collections.abc import Iterator
 from pathlib import Path
-from types import FrameType, SimpleNamespace
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
 import torch
+from children.harness import frames_under
 from fakes import installed
 
 pytest.importorskip("vllm.v1.worker.gpu.cudagraph_utils")
@@ -45,18 +45,7 @@ def captured(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
 
 def _plugin_frames(action: Any) -> list[str]:
     """Every function of this package that runs while ``action()`` runs."""
-    seen: list[str] = []
-
-    def profiler(frame: FrameType, event: str, arg: Any) -> None:
-        if event == "call" and frame.f_code.co_filename.startswith(PLUGIN_DIR):
-            seen.append(frame.f_code.co_name)
-
-    sys.setprofile(profiler)
-    try:
-        action()
-    finally:
-        sys.setprofile(None)
-    return seen
+    return frames_under(PLUGIN_DIR, action)
 
 
 def test_graph_replay_runs_no_plugin_code(captured: Any, mocker: Any) -> None:

@@ -16,7 +16,7 @@ from typing import Any
 import torch.distributed as dist
 
 import vllm_staging_plugin
-from children.harness import report
+from children.harness import frames_under, report
 
 ENGINE = str(Path(vllm_staging_plugin.__file__).parent / "_engine")
 
@@ -74,18 +74,7 @@ def hooks() -> list[str]:
 
 def engine_frames(action: Callable[[], Any]) -> list[str]:
     """The names of the engine's functions called while ``action`` runs."""
-    seen: list[str] = []
-
-    def profiler(frame: Any, event: str, arg: Any) -> None:
-        if event == "call" and frame.f_code.co_filename.startswith(ENGINE):
-            seen.append(frame.f_code.co_name)
-
-    sys.setprofile(profiler)
-    try:
-        action()
-    finally:
-        sys.setprofile(None)
-    return seen
+    return frames_under(ENGINE, action)
 
 
 def main() -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import io
 import json
 import logging
+import sys
 import traceback
 from collections.abc import Callable
 from typing import Any
@@ -33,6 +34,22 @@ def check(name: str) -> Callable[[Check], Check]:
         return function
 
     return run
+
+
+def frames_under(prefix: str, action: Callable[[], Any]) -> list[str]:
+    """The names of the functions whose files lie under ``prefix`` that are called while ``action`` runs."""
+    seen: list[str] = []
+
+    def profiler(frame: Any, event: str, arg: Any) -> None:
+        if event == "call" and frame.f_code.co_filename.startswith(prefix):
+            seen.append(frame.f_code.co_name)
+
+    sys.setprofile(profiler)
+    try:
+        action()
+    finally:
+        sys.setprofile(None)
+    return seen
 
 
 def report(results: dict[str, Any] | None = None) -> None:
