@@ -163,3 +163,26 @@ def test_a_widths_cell_records_each_crashing_max_num_seqs_and_the_spotlight_keep
     entry = spotlight["grids"][SPOTLIGHT["grid"]]
     assert (entry["piecewise_top"], entry["full_top"], entry["plugin_rows"]) == (256, 261, 261)
     assert entry["sequence"] == crashed["sequence"] and not entry["stock_ok"]
+
+
+def test_a_search_on_the_installed_vllm_counts_every_configuration_and_names_the_family(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A tiny search (recover-SSM on and off at n-gram 2, 4 sequences, the derived grid and max 16) through
+    ``run_search``: every configuration counted once, each stock crash in the family the condition names,
+    the plugin booting them all, and the recorded example the smallest crash."""
+    from vllm_staging_plugin._offline.atlas import search, space
+
+    tiny = space.Search((4,), (2,), ("only",), modes=("FULL_AND_PIECEWISE",), max_grids=(16,), grids=(),
+                        lora_and_dbo=False)  # fmt: skip
+    monkeypatch.setitem(space.SEARCHES, "tiny", tiny)
+    row = search.run_search("tiny", memo=True, with_sweep=False)
+    assert row["configurations"] == row["stock_boots"] + row["stock_crashes"] == row["plugin_boots"] > 0
+    assert row["plugin_failures"] == row["predicate_mismatches"] == 0
+    assert row["distinct_replays"] <= row["configurations"]
+    assert (
+        set(row["families"]) == {FAMILY} and row["families"][FAMILY]["configurations"] == row["stock_crashes"]
+    )
+    example = row["families"][FAMILY]["example"]
+    assert (example["max_num_seqs"], example["decode_query_len"], example["kda"]) == (4, 3, True)
+    assert "(8) must match the existing size (9)" in example["stock_error"] and example["plugin_rows"] == [9]
