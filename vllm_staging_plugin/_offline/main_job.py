@@ -4,7 +4,6 @@ patched, in vLLM's order and in another; ``cli`` renders it."""
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 
 from .. import __version__
@@ -95,10 +94,9 @@ def run(mode: str, max_size: int, max_num_seqs: int, hidden_size: int, order: st
         max_num_seqs=max_num_seqs,
         hidden_size=hidden_size,
     )
-    # The order goes through the plugin's own policy path, as in an engine: the patch reorders vLLM's
-    # capture lists; with presize off-allow-crash it leaves vLLM's lazy staging alone (stock in that order).
+    # The order goes through the plugin's own policy path, as in an engine (cpu_replay.stock_in_order).
     chosen = Settings(order=order or MAIN_JOB_ORDER, strict=True)
-    on_stock = dataclasses.replace(chosen, presize="off-allow-crash")
+    on_stock = cpu_replay.stock_in_order(chosen.order)
     job.replays = Replays(
         cfg, chosen,
         stock_default=cpu_replay.replay(cfg, patched=False),

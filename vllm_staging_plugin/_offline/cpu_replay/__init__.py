@@ -30,6 +30,7 @@ from .run import (
     replay,
     replay_tensors,
     run_capture,
+    stock_in_order,
     stock_or_patched,
     vllm_presizes,
 )
@@ -54,6 +55,7 @@ __all__ = [
     "replay_tensors",
     "run_capture",
     "speculative_config",
+    "stock_in_order",
     "stock_or_patched",
     "vllm_presizes",
 ]  # fmt: skip

@@ -25,8 +25,12 @@ PATCHED = Settings(strict=True)
 that would refuse this vLLM raises instead of leaving it stock), no receipts."""
 
 
-ON_STOCK_ASCENDING = Settings(order="ascending", presize="off-allow-crash", strict=True)
-"""The plugin's own ``ascending`` policy over vLLM's lazy staging: stock vLLM captured ascending."""
+def stock_in_order(order: str) -> Settings:
+    """The patch's settings for stock vLLM captured in ``order``: the plugin's own policy reorders vLLM's
+    lists, and presize ``off-allow-crash`` leaves vLLM's lazy staging alone (strict, no receipts)."""
+    return Settings(order=order, presize="off-allow-crash", strict=True)
+
+
 Reorder = Callable[[list[Any]], list[Any]]
 """A test harness's order (a permutation no policy expresses, a descriptor added); tools apply an order
 through ``Settings`` and the plugin's policies, as an engine does."""
@@ -179,6 +183,6 @@ def vllm_presizes() -> bool:
     size; a vLLM that pre-sizes captures it with every buffer at the largest descriptor's rows.
     """
     cfg = ReplayConfig(mode="FULL", sizes=(1, 2, 4), max_num_seqs=4, hidden_size=8)
-    result = replay(cfg, patched=True, settings=ON_STOCK_ASCENDING)
+    result = replay(cfg, patched=True, settings=stock_in_order("ascending"))
     rows = {buffer["rows"] for buffer in result.buffers.values()}
     return result.ok and rows == {result.capacity}

@@ -133,7 +133,6 @@ def run(
             for stage, stock, _ in runs:
                 plugin, _ = replay_arm(vllm_config, inputs, patched=True, stage=stage, settings=settings)
                 stages.append(StageResult(stage.index, stage.staged, stock, plugin))
-        with phases.phase("replay"):
             kda_step, kda_step_error = _kda_step(vllm_config)
         plan = runs[-1][2]  # vLLM's own plan (the same at every stage)
         compilation = vllm_config.compilation_config
