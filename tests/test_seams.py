@@ -15,6 +15,7 @@ import pytest
 from configs import K3_4_LAYERS, KIMI_LINEAR_4_LAYERS, NO_WEIGHTS, QWEN3_0_6B, model_folder
 
 from vllm_staging_plugin._offline import seams
+from vllm_staging_plugin._offline.atlas.releases import SUPPORTED, span
 from vllm_staging_plugin._offline.preflight import arguments, configure
 from vllm_staging_plugin._offline.preflight.platform import GPUS, platform_for_check
 
@@ -32,7 +33,7 @@ preflight_release = pytest.mark.skipif(
     not _importable("vllm.entrypoints.common.cli_args"),
     reason="this vLLM lacks the parser the pre-flight builds on (vllm.entrypoints.common.cli_args)",
 )
-RELEASE = importlib.import_module("vllm").__version__
+RELEASE = re.sub(r"^(\d+\.\d+\.\d+).*", r"\1", importlib.import_module("vllm").__version__)
 NGRAM_8 = ["--max-num-seqs", "48", "--speculative-config",
            '{"method": "ngram", "num_speculative_tokens": 8, "prompt_lookup_max": 2}']  # fmt: skip
 
@@ -120,19 +121,12 @@ KNOB_SINCE = {"intermediate_tensors": "0.19.0", "lora_capture_cases": "0.24.0", 
 UNIFORM_DECODE_SIZES_SINCE, BLACKWELL_1024_SINCE = "0.29.0", "0.28.0"
 
 
-def _release(text: str) -> tuple[int, ...]:
-    found = re.match(r"(\d+)\.(\d+)\.(\d+)", text)
-    return tuple(map(int, found.groups())) if found else ()
-
-
 def has_since(first: str) -> bool:
-    return _release(RELEASE) >= _release(first)
+    """The installed release is ``first`` or a later one of the releases this repository knows."""
+    return RELEASE in span(f"{first}-{SUPPORTED[-1]}")
 
 
-pinned_release = pytest.mark.skipif(
-    not (_release("0.18.0") <= _release(RELEASE) <= _release("0.33.0")),
-    reason=f"no answers pinned for vLLM {RELEASE}",
-)
+pinned_release = pytest.mark.skipif(RELEASE not in SUPPORTED, reason=f"no answers pinned for vLLM {RELEASE}")
 
 
 @pinned_release
