@@ -35,8 +35,6 @@ def manager_features(cudagraph_module: Any) -> dict[str, bool]:
     Privates: ``ModelCudaGraphManager.__init__``'s parameters and the source text of
     ``CudaGraphManager._init_candidates`` and ``ModelCudaGraphManager.__init__`` (0.18.0-0.33.0); a knob
     renamed there reads as absent, and the search then runs at that knob's default only."""
-    import inspect
-
     params = inspect.signature(cudagraph_module.ModelCudaGraphManager.__init__).parameters
     candidates = inspect.getsource(cudagraph_module.CudaGraphManager._init_candidates)
     init = inspect.getsource(cudagraph_module.ModelCudaGraphManager.__init__)
