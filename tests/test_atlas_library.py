@@ -114,9 +114,9 @@ def test_the_driver_parses_a_workers_row_and_reports_a_worker_that_printed_none(
     row = {"release": "0.32.0", "configurations": 3}
     speaks = [sys.executable, "-c", f"print({driver.worker_line(row)!r})"]
     common = {"memo": True, "with_sweep": False, "release_env": release_env, "cwd": tmp_path}
-    assert driver.run_release("0.33.0", "full", installed="0.33.0", worker=speaks[:3], **common) == row
-    assert driver.run_release("0.32.0", "subset", installed="0.33.0", worker=speaks[:3], **common) == row
-    refused = driver.run_release("0.17.1", "subset", installed="0.33.0", worker=speaks[:3], **common)
+    assert driver.run_release("0.33.0", "full", installed="0.33.0", worker=speaks, **common) == row
+    assert driver.run_release("0.32.0", "subset", installed="0.33.0", worker=speaks, **common) == row
+    refused = driver.run_release("0.17.1", "subset", installed="0.33.0", worker=speaks, **common)
     assert refused == {"release": "0.17.1", "error": "plugin verdict refused: no class"}
     silent = [sys.executable, "-c", "import sys; sys.stderr.write('boom')"]
     assert driver.run_release("0.33.0", "full", installed="0.33.0", worker=silent, **common) == {
