@@ -186,3 +186,37 @@ def test_a_search_on_the_installed_vllm_counts_every_configuration_and_names_the
     example = row["families"][FAMILY]["example"]
     assert (example["max_num_seqs"], example["decode_query_len"], example["kda"]) == (4, 3, True)
     assert "(8) must match the existing size (9)" in example["stock_error"] and example["plugin_rows"] == [9]
+
+
+def test_the_sweep_reads_the_real_managers_descriptors_and_counts_what_disagrees_with_the_condition(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The widths sweep on the installed vLLM over max_num_seqs 1-12 at n-gram 1 and 2 on one operator grid:
+    every family setting counted once, its cells the condition's sets (fixed widths: the reduced rule too),
+    no mismatch; a condition that answers wrong is counted and shown, at most five examples."""
+    from vllm_staging_plugin._offline import cpu_replay
+    from vllm_staging_plugin._offline.atlas import condition, ranges, search, space
+
+    grid = "cc=[1,2,4,8,16]"
+    tiny = space.Search((1,), (1, 2), ("only",), modes=("FULL_AND_PIECEWISE",), max_grids=(), grids=(grid,),
+                        derived_ceilings=(), lora_and_dbo=False)  # fmt: skip
+    monkeypatch.setattr(search, "SWEEP_MAX_NUM_SEQS", tuple(range(1, 13)))
+    feats = cpu_replay.features()
+    row = search.sweep(tiny, feats)
+    sizes = GRIDS[grid]
+    fixed = {n: [ms for ms in range(1, 13) if condition.fixed_width_rule(sizes, ms, n + 1)] for n in (1, 2)}
+    assert fixed == {1: [], 2: [1, 2, 3, 4, 5]}  # the grid's 2, 4 and 8 are no multiple of 3
+    tapered = [setting(sizes=sizes, max_num_seqs=ms, decode_query_len=3, schedule=space.tapered(ms, 2))
+               for ms in range(2, 13)]  # fmt: skip
+    dense = [s["max_num_seqs"] for s in tapered if condition.predicted_crash(s)]
+    assert row["max_num_seqs"] == [1, 12] and row["mismatches"] == 0 and row["mismatch_examples"] == []
+    assert row["configurations"] == 12 * 2 + 11 * feats["dense_schedule"]
+    assert row["crashes"] == len(fixed[1]) + len(fixed[2]) + len(dense) * feats["dense_schedule"]
+    cells = row["cells"][grid]
+    assert {n: ranges.from_ranges(cells["fixed"][n]) for n in (1, 2)} == fixed
+    if feats["dense_schedule"]:
+        assert ranges.from_ranges(cells["dense"][2]) == dense == [2, 3, 4, 5]
+
+    monkeypatch.setattr(search, "predicted_crash", lambda s: not condition.predicted_crash(s))
+    wrong = search.sweep(tiny, feats)
+    assert wrong["mismatches"] == wrong["configurations"] and len(wrong["mismatch_examples"]) == 5
