@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 import torch.distributed as dist
 from childproc import fork_together, free_port
+from stable import assert_says
 
 from vllm_staging_plugin._engine import agreement
 from vllm_staging_plugin._engine.agreement import Agreement, AgreementError, check, coupled_ranks
@@ -48,9 +49,8 @@ def test_agreeing_ranks_pass_without_a_word(plugin_log: Any) -> None:
     assert check(mine, store, 0, range(2), wait_seconds=5) == 2
     assert json.loads(store.get(f"{agreement.KEY_PREFIX}/0-1/0/0")) == mine  # this rank's plan, published
     assert plugin_log.warnings == []
-    assert plugin_log.at(10) == [
-        f"vllm-staging-plugin: ranks [0, 1] agree on the capture plan {mine['digest']}"
-    ]
+    (agreed,) = plugin_log.at(10)
+    assert_says(agreed, "vllm-staging-plugin: ranks [0, 1] agree", end=mine["digest"])
 
 
 def _plan(order: str, capacity: int, digest: str) -> dict[str, Any]:
@@ -58,17 +58,19 @@ def _plan(order: str, capacity: int, digest: str) -> dict[str, Any]:
             "first": {"PIECEWISE": [capacity, 2, 1]}}  # fmt: skip
 
 
-def test_the_disagreement_message_word_for_word() -> None:
+def test_the_disagreement_message_names_each_group_of_ranks_and_what_to_align() -> None:
     plans = {2: _plan("descending", 4, "aa"), 0: _plan("descending", 4, "aa"), 1: _plan("ascending", 4, "bb")}
     plans[2] = dict(reversed(list(plans[2].items())))  # same plan, keys in another order: same group
-    assert agreement.disagreement(plans) == (
-        "vllm-staging-plugin: ranks whose CUDA-graph captures share collectives would capture in different "
-        "orders or with different staging capacities, which can deadlock the capture. Set the same "
-        "STAGING_PLUGIN_* variables on every node (see docs/many-gpus.md):\n"
+    assert_says(
+        agreement.disagreement(plans),
+        "vllm-staging-plugin: ranks whose CUDA-graph captures share collectives would capture in different",
+        "deadlock",
+        "STAGING_PLUGIN_* variables on every node",
+        "docs/many-gpus.md):\n",
         "  ranks [0, 2]: STAGING_PLUGIN_ORDER=descending presize=on capacity=4 descriptors=3 digest=aa "
-        "first={'PIECEWISE': [4, 2, 1]}\n"
-        "  ranks [1]: STAGING_PLUGIN_ORDER=ascending presize=on capacity=4 descriptors=3 digest=bb "
-        "first={'PIECEWISE': [4, 2, 1]}"
+        "first={'PIECEWISE': [4, 2, 1]}\n",
+        end="  ranks [1]: STAGING_PLUGIN_ORDER=ascending presize=on capacity=4 descriptors=3 digest=bb "
+        "first={'PIECEWISE': [4, 2, 1]}",
     )
 
 
@@ -128,15 +130,17 @@ def test_descriptor_values_are_plain_json() -> None:
     ]  # fmt: skip
 
 
-def test_the_silent_rank_message_word_for_word() -> None:
+def test_the_silent_rank_message_names_the_ranks_the_wait_and_what_to_set() -> None:
     mine = agreement.plan(Settings(order="max-first"), {"FULL": [Desc(2)]})
     with pytest.raises(AgreementError) as caught:
         check(mine, dist.HashStore(), 0, range(3), wait_seconds=0.1)
-    assert str(caught.value) == (
-        "vllm-staging-plugin: ranks [1, 2] published no capture plan within 0 s, while this rank would "
-        "capture in order 'max-first'; a rank without the plugin, or with STAGING_PLUGIN_ORDER unset, "
-        "captures in vLLM's own order. Install and enable the plugin on every node (VLLM_PLUGINS, "
-        "STAGING_PLUGIN_DISABLE) and set STAGING_PLUGIN_ORDER identically everywhere."
+    assert_says(
+        str(caught.value),
+        "vllm-staging-plugin: ranks [1, 2] published no capture plan within 0 s",
+        "order 'max-first'",
+        "STAGING_PLUGIN_ORDER unset",
+        "(VLLM_PLUGINS, STAGING_PLUGIN_DISABLE)",
+        "STAGING_PLUGIN_ORDER identically",
     )
 
 

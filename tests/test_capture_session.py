@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 import torch
 from fakes import FULL, PIECEWISE, build, descs, install_fake_module
+from stable import assert_says
 
 import vllm_staging_plugin
 from vllm_staging_plugin._engine import capture_session, receipts
@@ -184,14 +185,15 @@ def test_rank_comes_from_the_process_group_when_there_is_one(monkeypatch: pytest
     assert capture_session._rank() == 0
 
 
-def test_guarded_step_warning_text(plugin_log: Any) -> None:
+def test_a_guarded_step_that_fails_is_one_warning_naming_the_step_and_the_error(plugin_log: Any) -> None:
     def step(x: int) -> int:
         raise KeyError(x)
 
     assert capture_session._guarded("do the thing", step, 7) is None
-    assert plugin_log.warnings == [
-        "vllm-staging-plugin: could not do the thing (the capture is unaffected): KeyError(7)"
-    ]
+    (warning,) = plugin_log.warnings
+    assert_says(
+        warning, "vllm-staging-plugin: could not do the thing", "capture is unaffected", end="KeyError(7)"
+    )
     assert capture_session._guarded("add", lambda a: a + 1, 1) == 2
 
 

@@ -19,6 +19,7 @@ from fakes import (
     is_patched,
     make_module,
 )
+from stable import assert_says
 
 import vllm_staging_plugin
 from vllm_staging_plugin._engine import compat
@@ -112,11 +113,13 @@ def test_unwrap_leaves_a_foreign_wrapper_and_makes_its_own_a_pass_through(
     vllm_staging_plugin.unregister()
     assert cls.__dict__["capture"] is theirs  # not ours to remove
     assert cls.__dict__["__init__"] is FakeManager.__init__  # ours was still on top: restored
-    assert plugin_log.warnings == [
-        "vllm-staging-plugin: ModelCudaGraphManager.capture was wrapped by another tool after this plugin; "
-        "that wrapper is left in place and the plugin's own, inside it, now passes every call straight to "
-        "vLLM"
-    ]
+    (warning,) = plugin_log.warnings
+    assert_says(
+        warning,
+        "vllm-staging-plugin: ModelCudaGraphManager.capture was wrapped by another tool",
+        "left in place",
+        "passes every call straight to vLLM",
+    )
     manager._capture_descs[PIECEWISE].sort(key=lambda d: d.num_tokens)
     with pytest.raises(RuntimeError, match="must match the existing size"):  # our wrapper passes through
         manager.capture()
@@ -207,7 +210,7 @@ def test_a_v2_manager_unwraps_the_v1_guard(monkeypatch: pytest.MonkeyPatch) -> N
     assert v1.GPUModelRunner.__dict__["__init__"] is original and guard.wrap is None
 
 
-def test_the_foreign_wrapper_warning_word_for_word_and_once(
+def test_the_foreign_wrapper_warning_names_both_methods_once(
     monkeypatch: pytest.MonkeyPatch, plugin_log: Any
 ) -> None:
     cls = install_fake_module(monkeypatch).ModelCudaGraphManager
@@ -216,11 +219,14 @@ def test_the_foreign_wrapper_warning_word_for_word_and_once(
     for name, wrapper in ours.items():  # another tool wraps both after us
         setattr(cls, name, functools.wraps(wrapper)(lambda self, *a, _w=wrapper, **k: _w(self, *a, **k)))
     vllm_staging_plugin.unregister()
-    assert plugin_log.warnings == [
-        "vllm-staging-plugin: ModelCudaGraphManager.__init__ and ModelCudaGraphManager.capture were "
-        "wrapped by another tool after this plugin; that wrapper is left in place and the plugin's own, "
-        "inside it, now passes every call straight to vLLM"
-    ]
+    (warning,) = plugin_log.warnings
+    assert_says(
+        warning,
+        "vllm-staging-plugin: ModelCudaGraphManager.__init__ and ModelCudaGraphManager.capture "
+        "were wrapped by another tool",
+        "left in place",
+        "passes every call straight to vLLM",
+    )
     manager = build(cls)  # through the foreign __init__ and the plugin's inert one: no plugin state
     assert "_vllm_staging" not in vars(manager)
     manager._capture_descs[PIECEWISE].sort(key=lambda d: d.num_tokens)
@@ -284,11 +290,13 @@ def test_install_is_idempotent_and_uninstall_lets_it_install_again(plugin_log: A
     fresh = Installer(Settings(disabled=True, order="ascending"), environ={})
     fresh.install()
     fresh.install()
-    disabled = (
-        "vllm-staging-plugin is disabled (STAGING_PLUGIN_DISABLE); STAGING_PLUGIN_ORDER=ascending is ignored "
-        "and vLLM captures in its own descending order"
+    (disabled,) = plugin_log.warnings
+    assert_says(
+        disabled,
+        "vllm-staging-plugin is disabled (STAGING_PLUGIN_DISABLE)",
+        "STAGING_PLUGIN_ORDER=ascending is ignored",
+        "its own descending order",
     )
-    assert plugin_log.warnings == [disabled]
     fresh.uninstall()
     fresh.install()
     assert plugin_log.warnings == [disabled, disabled]

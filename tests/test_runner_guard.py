@@ -8,6 +8,7 @@ from types import ModuleType
 from typing import Any, ClassVar
 
 import pytest
+from stable import assert_says
 
 from vllm_staging_plugin._engine import runner_guard
 from vllm_staging_plugin._engine.runner_guard import RunnerGuard, V1RunnerError
@@ -17,12 +18,17 @@ from vllm_staging_plugin._engine.settings import Settings
 @pytest.mark.parametrize(
     ("order", "ignored"), [("descending", "pre-sizing"), ("max-first", "STAGING_PLUGIN_ORDER=max-first")]
 )
-def test_the_v1_runner_message_word_for_word(order: str, ignored: str) -> None:
-    assert RunnerGuard(Settings(order=order)).message() == (
-        "vllm-staging-plugin is inactive in this worker: vLLM chose the V1 model runner "
-        "(vllm.v1.worker.gpu_model_runner.GPUModelRunner), and the plugin acts only on Model Runner V2's "
-        f"ModelCudaGraphManager, so {ignored} and receipts do not apply here. vLLM's log says why it chose "
-        "V1; VLLM_USE_V2_MODEL_RUNNER=1 asks for V2. Set STAGING_PLUGIN_STRICT=1 to fail instead."
+def test_the_v1_runner_message_names_the_runner_what_does_not_apply_and_the_switches(
+    order: str, ignored: str
+) -> None:
+    assert_says(
+        RunnerGuard(Settings(order=order)).message(),
+        "vllm-staging-plugin is inactive in this worker: vLLM chose the V1 model runner",
+        "(vllm.v1.worker.gpu_model_runner.GPUModelRunner)",
+        "Model Runner V2's ModelCudaGraphManager",
+        f"{ignored} and receipts do not apply",
+        "VLLM_USE_V2_MODEL_RUNNER=1",
+        end="Set STAGING_PLUGIN_STRICT=1 to fail instead.",
     )
 
 

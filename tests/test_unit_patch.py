@@ -24,6 +24,7 @@ from fakes import (
     is_patched,
     make_module,
 )
+from stable import assert_says
 
 import vllm_staging_plugin
 from vllm_staging_plugin._engine import agreement, compat, staging
@@ -32,11 +33,22 @@ from vllm_staging_plugin._engine.policies import PolicyRegistry
 from vllm_staging_plugin._engine.settings import Settings, read_settings
 
 MODULE = compat.CUDAGRAPH_MODULE
-INACTIVE = (
-    "vllm-staging-plugin is inactive, vLLM runs unpatched (stock lazy staging, vLLM's own descending capture "
-    "order): {reason}.{ignored} Set STAGING_PLUGIN_STRICT=1 to fail instead."
-)
 STOCK_CRASH = "must match the existing size"  # what the fake (like vLLM) raises at a short staging copy
+
+
+def assert_inactive(warnings: list[str], reason: str, ignored: str = "") -> None:
+    """One warning: inactive and unpatched, why, which of the operator's settings is not applied, and the
+    strict switch."""
+    (warning,) = warnings
+    applied = [ignored] if ignored else []
+    assert_says(
+        warning,
+        "vllm-staging-plugin is inactive, vLLM runs unpatched",
+        f": {reason}.",
+        *applied,
+        end="Set STAGING_PLUGIN_STRICT=1 to fail instead.",
+    )
+    assert ignored or "NOT applied" not in warning
 
 
 def ascending(manager: Any) -> None:
@@ -80,7 +92,8 @@ def test_patch_and_uninstall_say_what_they_did(plugin_log: Any) -> None:
     assert manager_patch.patch(cls) is True
     assert manager_patch.patch(cls) is False and manager_patch.patch(other) is False  # one class per patch
     assert is_patched(cls) and not is_patched(other)
-    assert plugin_log.at(10) == [f"patched {cls.__module__}.ModelCudaGraphManager (__init__, capture)"]
+    (patched,) = plugin_log.at(10)
+    assert_says(patched, "patched", f"{cls.__module__}.ModelCudaGraphManager", "(__init__, capture)")
     assert manager_patch.uninstall() == [] and manager_patch.wrap is None and not is_patched(cls)
     assert manager_patch.uninstall() == []  # nothing held: nothing to restore
 
@@ -196,10 +209,13 @@ def test_a_vllm_that_presizes_itself_is_left_alone_with_one_info_line(
     assert build(cls).capture() == [1, 2, 4, 8, 1, 2]  # the order knob keeps working ...
     assert seen[0] is not cls and seen[1] is cls  # ... and later captures leave vLLM's staging alone
     stand_down = [m for m in plugin_log.at(20) if "already pre-sizes" in m]
-    assert stand_down == [
-        "vllm-staging-plugin: this vLLM already pre-sizes its CUDA-graph staging buffers to the largest "
-        "capture descriptor; the plugin leaves them to vLLM (capture order: ascending)"
-    ]
+    (line,) = stand_down
+    assert_says(
+        line,
+        "vllm-staging-plugin: this vLLM already pre-sizes its CUDA-graph staging buffers",
+        "leaves them to vLLM",
+        end="(capture order: ascending)",
+    )
 
 
 @pytest.mark.parametrize(
@@ -209,7 +225,7 @@ def test_a_vllm_that_presizes_itself_is_left_alone_with_one_info_line(
         ("off-allow-crash", "left to vLLM's lazy sizing (off-allow-crash; largest is 8 rows)"),
     ],
 )
-def test_the_announcement_word_for_word_once_per_process(
+def test_the_announcement_names_the_buffers_their_sizing_and_the_order_once_per_process(
     presize: str, sizing: str, fake_module: Any, monkeypatch: pytest.MonkeyPatch, plugin_log: Any
 ) -> None:
     monkeypatch.setenv("STAGING_PLUGIN_ORDER", "ascending")
@@ -217,11 +233,15 @@ def test_the_announcement_word_for_word_once_per_process(
     vllm_staging_plugin.register()
     build(fake_module.ModelCudaGraphManager)
     build(fake_module.ModelCudaGraphManager)
-    line = (
-        "vllm-staging-plugin: ModelCudaGraphManager staging buffers (hidden_states, aux_hidden_states, "
-        f"intermediate_tensors) {sizing} of 6 capture descriptors; capture order: ascending"
+    (line,) = plugin_log.at(20)  # INFO once ...
+    assert_says(
+        line,
+        "vllm-staging-plugin: ModelCudaGraphManager staging buffers",
+        "(hidden_states, aux_hidden_states, intermediate_tensors)",
+        sizing,
+        "of 6 capture descriptors",
+        end="capture order: ascending",
     )
-    assert plugin_log.at(20) == [line]  # INFO once ...
     assert plugin_log.at(10)[-1] == line  # ... then DEBUG for every later manager
 
 
@@ -234,17 +254,17 @@ def test_the_announcement_word_for_word_once_per_process(
         (None, ""),
         ("descending", ""),
         ("", ""),
-        ("  ascending ", " STAGING_PLUGIN_ORDER=ascending is NOT applied."),
-        ("shuffle:3", " STAGING_PLUGIN_ORDER=shuffle:3 is NOT applied."),
+        ("  ascending ", "STAGING_PLUGIN_ORDER=ascending is NOT applied."),
+        ("shuffle:3", "STAGING_PLUGIN_ORDER=shuffle:3 is NOT applied."),
     ],
 )
-def test_the_inactive_warning_word_for_word_once_per_patch(
+def test_the_inactive_warning_names_the_reason_and_the_ignored_order_once_per_patch(
     order: str | None, ignored: str, plugin_log: Any
 ) -> None:
     refusing = ManagerPatch(read_settings({} if order is None else {"STAGING_PLUGIN_ORDER": order}))
     refusing.refuse("the reason")
     refusing.refuse("a second reason")  # one warning per patch, so one per process
-    assert plugin_log.warnings == [INACTIVE.format(reason="the reason", ignored=ignored)]
+    assert_inactive(plugin_log.warnings, "the reason", ignored)
     assert refusing.refused
 
 
@@ -254,7 +274,7 @@ def test_refuse_raises_exactly_when_its_settings_are_strict(
     """A patch refuses with the settings it was built with, whatever the environment says now."""
     monkeypatch.setenv("STAGING_PLUGIN_STRICT", "1")
     ManagerPatch(Settings(strict=False)).refuse("built lenient")  # no raise
-    assert plugin_log.warnings == [INACTIVE.format(reason="built lenient", ignored="")]
+    assert_inactive(plugin_log.warnings, "built lenient")
     monkeypatch.setenv("STAGING_PLUGIN_STRICT", "0")
     strict = ManagerPatch(Settings(strict=True))
     with pytest.raises(compat.IncompatibleVllm, match=r"^vllm-staging-plugin \(strict mode\): built strict$"):
@@ -266,7 +286,7 @@ def test_deactivating_a_patch_that_holds_no_class_still_warns(plugin_log: Any) -
     """unregister() raced with a manager's construction: the class is stock already; the warning stays."""
     idle = ManagerPatch(Settings())
     idle._deactivate("gone")
-    assert plugin_log.warnings == [INACTIVE.format(reason="gone", ignored="")]
+    assert_inactive(plugin_log.warnings, "gone")
     assert idle.wrap is None and idle.uninstall() == []
 
 
@@ -414,7 +434,7 @@ def test_an_unexpected_error_in_the_structure_check_is_one_warning_naming_it(
 
     monkeypatch.setattr(compat, "manager_class", broken)
     ManagerPatch(Settings()).install(make_module(fresh_class()))  # never breaks the import of vLLM's module
-    assert plugin_log.warnings == [INACTIVE.format(reason="KeyError: 'renamed'", ignored="")]
+    assert_inactive(plugin_log.warnings, "KeyError: 'renamed'")
 
 
 def test_a_tools_patch_loads_the_installed_policies_once() -> None:
