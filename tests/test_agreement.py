@@ -65,10 +65,9 @@ def test_the_disagreement_message_names_each_group_of_ranks_and_what_to_align() 
         agreement.disagreement(plans),
         "vllm-staging-plugin: ranks whose CUDA-graph captures share collectives would capture in different",
         "deadlock",
-        "STAGING_PLUGIN_* variables on every node",
-        "docs/many-gpus.md):\n",
-        "  ranks [0, 2]: STAGING_PLUGIN_ORDER=descending presize=on capacity=4 descriptors=3 digest=aa "
-        "first={'PIECEWISE': [4, 2, 1]}\n",
+        "Set the same STAGING_PLUGIN_* variables on every node",
+        "docs/many-gpus.md):\n  ranks [0, 2]: STAGING_PLUGIN_ORDER=descending presize=on capacity=4 "
+        "descriptors=3 digest=aa first={'PIECEWISE': [4, 2, 1]}\n",
         end="  ranks [1]: STAGING_PLUGIN_ORDER=ascending presize=on capacity=4 descriptors=3 digest=bb "
         "first={'PIECEWISE': [4, 2, 1]}",
     )
