@@ -21,7 +21,7 @@ import vllm_staging_plugin
 from vllm_staging_plugin._engine import capture_session, installer, receipts, runner_guard, staging
 from vllm_staging_plugin._engine.policies import BuiltinPolicies
 from vllm_staging_plugin._engine.settings import Settings
-from vllm_staging_plugin._offline import cpu_replay
+from vllm_staging_plugin._offline import cpu_replay, seams
 from vllm_staging_plugin._offline.cpu_replay import ReplayConfig
 
 pytestmark = pytest.mark.contract
@@ -49,7 +49,7 @@ def _plugin_frames(action: Any) -> list[str]:
 
 
 def test_graph_replay_runs_no_plugin_code(captured: Any, mocker: Any) -> None:
-    cls = cpu_replay.cudagraph_module().ModelCudaGraphManager
+    cls = seams.cudagraph_module().ModelCudaGraphManager
     assert type(captured) is cls  # back on vLLM's own class after capture
     assert not any(isinstance(v, staging._StagingSlot) for c in cls.__mro__ for v in vars(c).values())
     desc = next(
@@ -91,7 +91,7 @@ def test_allocation_failure_under_every_builtin_order(
     with cpu_replay.cpu_stubs(SMALL):
         manager = cpu_replay.build_manager(SMALL)
         result = cpu_replay.run_capture(manager, SMALL)
-    cls = cpu_replay.cudagraph_module().ModelCudaGraphManager
+    cls = seams.cudagraph_module().ModelCudaGraphManager
     assert type(manager) is cls
     first = result.forwards[0]
     if first == 32:

@@ -21,7 +21,7 @@ from vllm_staging_plugin._offline import cpu_replay, seams
 from vllm_staging_plugin._offline.cpu_replay import ReplayConfig, ascending, replay
 
 pytestmark = pytest.mark.contract
-_CU = cpu_replay.cudagraph_module()
+_CU = seams.cudagraph_module()
 _INIT_SOURCE = inspect.getsource(_CU.ModelCudaGraphManager.__init__)
 HAS_LORA_CASES = "lora_capture_cases" in inspect.signature(_CU.ModelCudaGraphManager.__init__).parameters
 HAS_INTERMEDIATE = "intermediate_tensors" in _INIT_SOURCE  # staging for non-last PP ranks, 0.19+
@@ -55,10 +55,7 @@ def rows(result: cpu_replay.ReplayResult) -> dict[str, int]:
 
 
 def test_real_class_has_the_structure_the_patch_relies_on() -> None:
-    assert (
-        compat.manager_class(cpu_replay.cudagraph_module())
-        is cpu_replay.cudagraph_module().ModelCudaGraphManager
-    )
+    assert compat.manager_class(seams.cudagraph_module()) is seams.cudagraph_module().ModelCudaGraphManager
 
 
 @pytest.mark.parametrize(
@@ -192,7 +189,7 @@ def _drive(cfg: ReplayConfig, **manager_attrs: Any) -> cpu_replay.ReplayResult:
 
 def _drive_manager(cfg: ReplayConfig, **manager_attrs: Any) -> tuple[cpu_replay.ReplayResult, Any]:
     vllm_staging_plugin.register()
-    cls = cpu_replay.cudagraph_module().ModelCudaGraphManager
+    cls = seams.cudagraph_module().ModelCudaGraphManager
     assert is_patched(cls)
     with cpu_replay.cpu_stubs(cfg):
         manager = cpu_replay.build_manager(cfg)
@@ -278,7 +275,7 @@ def test_bad_order_fails_register_and_leaves_vllm_untouched(monkeypatch: pytest.
     monkeypatch.setenv("STAGING_PLUGIN_ORDER", "fastest")
     with pytest.raises(ConfigError, match=r"STAGING_PLUGIN_ORDER='fastest'.*allowed values"):
         vllm_staging_plugin.register()  # at plugin loading, before vLLM loads any model
-    assert installed() is None and not is_patched(cpu_replay.cudagraph_module().ModelCudaGraphManager)
+    assert installed() is None and not is_patched(seams.cudagraph_module().ModelCudaGraphManager)
 
 
 def test_builtin_policies_on_the_real_descriptor_lists() -> None:

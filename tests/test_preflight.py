@@ -19,7 +19,7 @@ from fakes import installed, is_patched
 pytest.importorskip("vllm.v1.worker.gpu.cudagraph_utils")
 
 import vllm_staging_plugin
-from vllm_staging_plugin._offline import cpu_replay, preflight, seams
+from vllm_staging_plugin._offline import preflight, seams
 from vllm_staging_plugin._offline.cli import main
 
 pytestmark = [pytest.mark.contract, pytest.mark.usefixtures("model_inspection_cache")]
@@ -192,7 +192,7 @@ def _process_state() -> dict[str, Any]:
 
     from vllm_staging_plugin._engine.wrapping import is_plugin_wrapper
 
-    cls = cpu_replay.cudagraph_module().ModelCudaGraphManager
+    cls = seams.cudagraph_module().ModelCudaGraphManager
     process = installed()
     patch = process.patch if process is not None else None
     return {
@@ -213,7 +213,7 @@ def _process_state() -> dict[str, Any]:
         "globals": {name: {k: id(vars(module)[k]) for k in ("HAS_TRITON", "PIN_MEMORY") if k in vars(module)}
                     for name, module in list(sys.modules.items()) if name.startswith("vllm.")},
         "classes": [dict(vars(c)) for c in (type(vllm.platforms.current_platform), cls,
-                                            cpu_replay.cudagraph_module().CudaGraphManager)],
+                                            seams.cudagraph_module().CudaGraphManager)],
     }  # fmt: skip
 
 
@@ -253,7 +253,7 @@ def test_an_in_process_preflight_leaves_the_process_as_it_found_it(
     machine = vllm.platforms.current_platform
     if registered:
         vllm_staging_plugin.register()
-        assert is_patched(cpu_replay.cudagraph_module().ModelCudaGraphManager)
+        assert is_patched(seams.cudagraph_module().ModelCudaGraphManager)
     before = _process_state()
     result = preflight.run([model_folder(tmp_path / "model", config), *NO_WEIGHTS, *argv])
     after = _process_state()

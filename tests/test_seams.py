@@ -172,10 +172,48 @@ def test_the_graph_pool_stub_answers_vllms_getter_and_is_gone_after() -> None:
 @pinned_release
 def test_the_manager_features_of_this_release() -> None:
     """The knobs the atlas searches, as each release's manager has them (0.33.0: every one)."""
-    from vllm_staging_plugin._offline import cpu_replay
 
-    features = seams.manager_features(cpu_replay.cudagraph_module())
+    features = seams.manager_features(seams.cudagraph_module())
     assert features == {knob: has_since(first) for knob, first in KNOB_SINCE.items()}
+
+
+@pinned_release
+def test_the_manager_is_built_with_the_knobs_its_release_has_and_captures_on_cpu() -> None:
+    """``new_manager`` builds vLLM's own class and passes a knob only where this release's manager has it
+    (``manager_features``); ``capture_on_cpu`` runs its own ``capture()`` with every argument the
+    release's signature requires: a warm-up and a capture forward per descriptor, vLLM's order."""
+    from vllm_staging_plugin._offline import cpu_replay
+    from vllm_staging_plugin._offline.cpu_replay.stand_ins import Model
+
+    features = seams.manager_features(seams.cudagraph_module())
+    cfg = cpu_replay.ReplayConfig(mode="PIECEWISE", sizes=(1, 2, 4), max_num_seqs=4, hidden_size=8)
+    with cpu_replay.cpu_stubs(cfg), cpu_replay.stock_or_patched(False):
+        vllm_config = cpu_replay.make_vllm_config(cfg)
+        for knob, value in (("lora_capture_cases", [0, 1]), ("varlen_decode", True)):
+            if features[knob]:
+                seams.new_manager(vllm_config, "PIECEWISE", 1, **{knob: value})
+            else:
+                with pytest.raises(TypeError):
+                    seams.new_manager(vllm_config, "PIECEWISE", 1, **{knob: value})
+        manager = seams.new_manager(vllm_config, "PIECEWISE", 1)
+        assert type(manager) is seams.cudagraph_module().ModelCudaGraphManager
+        model = Model(cfg)
+        seams.capture_on_cpu(manager, model, max_num_seqs=4, rows=4)
+    assert model.forwards == [4, 4, 2, 2, 1, 1]
+    assert manager.hidden_states.shape[0] == 4  # vLLM's lazy staging, sized by its first descriptor
+
+
+def test_the_capture_arguments_follow_the_signature_and_an_unknown_required_one_is_named() -> None:
+    def capture(
+        self: Any, model: Any, added: Any, *rest: Any, hook: Any = None, desc: str = "", **kw: Any
+    ) -> None:
+        pass
+
+    assert seams.capture_arguments(capture, {"model": 1, "added": 2, "desc": "d", "other": 3}) == {
+        "model": 1, "added": 2, "desc": "d",
+    }  # fmt: skip
+    with pytest.raises(seams.SeamChanged, match="requires added, unknown to the CPU replay"):
+        seams.capture_arguments(capture, {"model": 1})
 
 
 def test_an_architecture_is_inspected_through_vllms_registry(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -242,6 +280,13 @@ def test_vllms_cuda_platform_class_loads_here_and_leaves_the_modules_as_found() 
     cls = seams.cuda_platform_class()
     assert issubclass(cls, Platform) and cls.__name__ == "NonNvmlCudaPlatform" and cls.device_name == "cuda"
     assert ({name: sys.modules.get(name) for name in names}, "cuda" in vars(vllm.platforms)) == before
+
+
+@preflight_release
+def test_the_platform_branching_modules_are_this_releases() -> None:
+    """Each module the pre-flight imports under the machine's platform exists in this release (a moved one
+    raises ImportError here)."""
+    seams.import_under_machine_platform()
 
 
 @preflight_release

@@ -17,12 +17,12 @@ import torch.distributed as dist
 import vllm_staging_plugin
 from children.harness import report
 from vllm_staging_plugin._engine import agreement, staging
-from vllm_staging_plugin._offline import cpu_replay
+from vllm_staging_plugin._offline import cpu_replay, seams
 
 
 def main() -> None:
     rank = int(os.environ["RANK"])
-    cpu_replay.cudagraph_module()  # vLLM's module is imported: each register() below patches at once
+    seams.cudagraph_module()  # vLLM's module is imported: each register() below patches at once
     # Each scenario registers the plugin again; the store counts each rank's agreement rounds across them.
     dist.init_process_group("gloo", rank=rank, world_size=4, timeout=timedelta(seconds=120))
     store = dist.distributed_c10d._get_default_store()

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 from .. import __version__
 from .._engine.settings import DEFAULT_ORDER, ConfigError, Settings, read_settings
-from . import cpu_replay
+from . import cpu_replay, seams
 
 # The main job shows a crash and its fix; the pre-flight (`check -- ARGS`) defaults to vLLM's own order.
 MAIN_JOB_ORDER = "ascending"
@@ -80,7 +80,7 @@ def run(mode: str, max_size: int, max_num_seqs: int, hidden_size: int, order: st
         job.refusal = "vLLM is not installed"
         return job
     try:
-        compat.manager_class(cpu_replay.cudagraph_module())
+        compat.manager_class(seams.cudagraph_module())
         job.platform = compat.platform_name()
         compat.check_platform()
     except Exception as exc:

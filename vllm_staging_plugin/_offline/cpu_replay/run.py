@@ -4,7 +4,6 @@ stock or through a patch of the tool's own; the result, and the behaviour probe 
 from __future__ import annotations
 
 import contextlib
-import inspect
 import types
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -48,15 +47,9 @@ class ReplayResult:
     """``num_tokens`` of every forward the capture ran, in order (warm-up and capture pass)."""
 
 
-def cudagraph_module() -> types.ModuleType:
-    import vllm.v1.worker.gpu.cudagraph_utils as module
-
-    return module  # type: ignore[no-any-return]
-
-
 def features() -> dict[str, bool]:
     """Which descriptor knobs the installed release has, read from its structure (not its version)."""
-    return seams.manager_features(cudagraph_module())
+    return seams.manager_features(seams.cudagraph_module())
 
 
 @contextlib.contextmanager
@@ -68,26 +61,14 @@ def cpu_stubs(cfg: ReplayConfig) -> Iterator[types.ModuleType]:
 
 def build_manager(cfg: ReplayConfig) -> Any:
     """The real ``ModelCudaGraphManager`` for ``cfg`` (call inside :func:`cpu_stubs`)."""
-    from vllm.config.compilation import CUDAGraphMode
-
-    cu = cudagraph_module()
-    kwargs: dict[str, Any] = {"lora_capture_cases": cfg.lora_capture_cases} if cfg.lora_capture_cases else {}
-    if cfg.varlen_decode:
-        kwargs["varlen_decode"] = True
-    if cfg.dbo:
-        kwargs["ubatch_runner"] = UbatchRunner()
-    return cu.ModelCudaGraphManager(
-        make_vllm_config(cfg), torch.device("cpu"), CUDAGraphMode[cfg.mode], cfg.decode_query_len,
-        **kwargs,
+    return seams.new_manager(
+        make_vllm_config(cfg), cfg.mode, cfg.decode_query_len, lora_capture_cases=cfg.lora_capture_cases,
+        varlen_decode=cfg.varlen_decode, ubatch_runner=UbatchRunner() if cfg.dbo else None,
     )  # fmt: skip
 
 
 def run_capture(manager: Any, cfg: ReplayConfig, reorder: Reorder | None = None) -> ReplayResult:
     """Run the manager's real ``capture()`` (call inside :func:`cpu_stubs`); errors become results."""
-    from vllm.sequence import IntermediateTensors
-    from vllm.v1.kv_cache_interface import KVCacheConfig
-    from vllm.v1.worker.gpu.input_batch import InputBuffers
-
     from ..._engine.sizing import capture_sequence, staging_capacity
 
     plan = seams.capture_plan(manager)
@@ -95,25 +76,15 @@ def run_capture(manager: Any, cfg: ReplayConfig, reorder: Reorder | None = None)
         for mode, descs in plan.items():
             plan[mode] = reorder(list(descs))
     rows = max(staging_capacity(plan), 1)
-    inputs = InputBuffers(cfg.max_num_seqs, rows, torch.device("cpu"))
     upstream = None
     if not cfg.first_pp_rank:
-        upstream = IntermediateTensors(
-            {k: torch.zeros(rows, cfg.hidden_size, dtype=cfg.dtype) for k in cfg.intermediate_keys}
-        )
-    model_state = types.SimpleNamespace(prepare_dummy_inputs=lambda num_reqs, num_tokens: {})
-    kv_cache_config = KVCacheConfig(num_blocks=0, kv_cache_tensors=[], kv_cache_groups=[])
+        upstream = {k: torch.zeros(rows, cfg.hidden_size, dtype=cfg.dtype) for k in cfg.intermediate_keys}
     error = None
     model = Model(cfg)
-    available = {
-        "model": model, "model_state": model_state, "input_buffers": inputs, "intermediate_tensors": upstream,
-        "block_tables": None, "attn_groups": [], "attn_metadata_builders": [], "has_lora": False,
-        "kv_cache_config": kv_cache_config, "use_aux_hidden_state_outputs": cfg.aux_layers > 0,
-    }  # fmt: skip
-    if cfg.dbo:  # the microbatched capture asks the block tables for dummy tables and slot mappings
-        available["block_tables"] = BlockTables()
-    try:
-        manager.capture(**_arguments_for(type(manager).capture, available))
+    try:  # the microbatched capture asks the block tables for dummy tables and slot mappings
+        seams.capture_on_cpu(manager, model, max_num_seqs=cfg.max_num_seqs, rows=rows, upstream=upstream,
+                             aux_hidden_states=cfg.aux_layers > 0,
+                             block_tables=BlockTables() if cfg.dbo else None)  # fmt: skip
     except Exception as exc:
         error = f"{type(exc).__name__}: {exc}"
     walked = vars(manager).get(seams.manager.REPLAYED_PLAN, plan)  # the order captured, a patch's too
@@ -127,13 +98,6 @@ def run_capture(manager: Any, cfg: ReplayConfig, reorder: Reorder | None = None)
     )
 
 
-def _arguments_for(method: Callable[..., Any], available: dict[str, Any]) -> dict[str, Any]:
-    """The arguments ``capture`` takes in this release, by name (its signature changed across releases)."""
-    params = list(inspect.signature(inspect.unwrap(method)).parameters.values())[1:]
-    named = [p for p in params if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
-    return {p.name: available.get(p.name) for p in named if p.name in available or p.default is p.empty}
-
-
 @contextlib.contextmanager
 def stock_or_patched(patched: bool, settings: Settings = PATCHED) -> Iterator[ManagerPatch | None]:
     """Run a block with the manager class wrapped by a patch of this tool's own (``settings``), or
@@ -141,7 +105,7 @@ def stock_or_patched(patched: bool, settings: Settings = PATCHED) -> Iterator[Ma
 
     The class gets back exactly what it held, and the process's installer is never touched.
     """
-    cls = cudagraph_module().ModelCudaGraphManager
+    cls = seams.cudagraph_module().ModelCudaGraphManager
     if patched:
         with ManagerPatch(settings).applied_to(cls) as patch:
             yield patch

@@ -121,7 +121,7 @@ def run(
         with phases.phase("configure"):
             vllm_config = configure(argv)
         try:
-            compat.manager_class(cpu_replay.cudagraph_module())
+            compat.manager_class(seams.cudagraph_module())
         except compat.IncompatibleVllm as exc:
             raise CannotCheckHere(f"this vLLM has no supported manager: {exc}") from exc
         inputs = seams.manager_inputs(vllm_config)

@@ -91,26 +91,6 @@ def _needs_emulation(platform: Any) -> bool:
     return not (platform.is_cuda_alike())
 
 
-def _preimport() -> None:
-    """Import, under the machine's own platform, the vLLM modules the check uses.
-
-    Many vLLM modules branch on the platform when first imported (CUDA-only kernels); importing them
-    while the CUDA platform is emulated would load CUDA extensions this machine does not have.
-    """
-    # Imported for their side effect (module state built under the machine's platform).
-    import vllm.config.vllm
-    import vllm.distributed.ec_transfer
-    import vllm.engine.arg_utils
-    import vllm.entrypoints.common.cli_args
-    import vllm.model_executor.model_loader.weight_utils
-    import vllm.model_executor.models.config
-    import vllm.model_executor.models.registry
-    import vllm.v1.executor.uniproc_executor
-    import vllm.v1.worker.gpu.cudagraph_utils
-    import vllm.v1.worker.gpu.lora_utils
-    import vllm.v1.worker.gpu.spec_decode.eagle.eagle3_utils  # noqa: F401
-
-
 @contextlib.contextmanager
 def platform_for_check(gpu: Gpu) -> Iterator[tuple[Any, bool]]:
     """Yield ``(platform, emulated)``: the machine's CUDA/ROCm platform, or the emulated CUDA one, bound as
@@ -120,7 +100,7 @@ def platform_for_check(gpu: Gpu) -> Iterator[tuple[Any, bool]]:
     if not _needs_emulation(machine):
         yield machine, False
         return
-    _preimport()
+    seams.import_under_machine_platform()
     emulated = emulated_platform(gpu)
     with seams.platform_bound(machine, emulated), seams.kernel_library_answers():
         yield emulated, True

@@ -1,9 +1,9 @@
 """The offline code's door into vLLM's private internals, one module per vLLM area: ``config`` (the capture
 grid vLLM derives, the model class it resolves, what its failures mean), ``manager`` (Model Runner V2's
-CUDA-graph manager and what the runner hands it), ``kda`` (the Kimi KDA layers' state index) and
-``platform`` (the CUDA platform on a machine without CUDA). Each function names the private it uses, the
-releases it was read on, and what happens when vLLM changes it; tests/test_seams.py runs each against the
-installed vLLM, and CI against every release it covers.
+CUDA-graph manager: how the runner builds it, what it hands it, its capture on CPU), ``kda`` (the Kimi
+KDA layers' state index) and ``platform`` (the CUDA platform on a machine without CUDA). Each function
+names the private it uses, the releases it was read on, and what happens when vLLM changes it;
+tests/test_seams.py runs each against the installed vLLM, and CI against every release it covers.
 
 A changed private makes most seams raise (``SeamChanged``, or vLLM's own AttributeError / ImportError) or
 return "does not apply", and the caller reports that the check could not be made. Three degrade instead,
@@ -19,17 +19,30 @@ from .config import capability_family, config_failure, derive_capture_sizes, ins
 from .kda import KdaMixedStep, kda_layer_class, kda_mixed_step
 from .manager import (
     ManagerInputs,
+    capture_arguments,
+    capture_on_cpu,
     capture_plan,
     cpu_capture_edges,
+    cudagraph_module,
     graph_pool_stub,
     manager_features,
     manager_inputs,
+    new_manager,
 )
-from .platform import KERNEL_QUERIES, cuda_platform_class, kernel_library_answers, platform_bound
+from .platform import (
+    KERNEL_QUERIES,
+    PLATFORM_BRANCHING_MODULES,
+    cuda_platform_class,
+    import_under_machine_platform,
+    kernel_library_answers,
+    platform_bound,
+)
 
 __all__ = [
-    "KERNEL_QUERIES", "KdaMixedStep", "ManagerInputs", "SeamChanged", "capability_family", "capture_plan",
-    "config_failure", "cpu_capture_edges", "cuda_platform_class", "derive_capture_sizes", "graph_pool_stub",
-    "inspect_architecture", "kda_layer_class", "kda_mixed_step", "kernel_library_answers",
-    "manager_features", "manager_inputs", "model_class", "platform_bound",
+    "KERNEL_QUERIES", "PLATFORM_BRANCHING_MODULES", "KdaMixedStep", "ManagerInputs", "SeamChanged",
+    "capability_family", "capture_arguments", "capture_on_cpu", "capture_plan", "config_failure",
+    "cpu_capture_edges", "cuda_platform_class", "cudagraph_module", "derive_capture_sizes",
+    "graph_pool_stub", "import_under_machine_platform", "inspect_architecture", "kda_layer_class",
+    "kda_mixed_step", "kernel_library_answers", "manager_features", "manager_inputs", "model_class",
+    "new_manager", "platform_bound",
 ]  # fmt: skip

@@ -1,5 +1,6 @@
-"""Seams into Model Runner V2's CUDA-graph manager (``vllm/v1/worker/gpu/cudagraph_utils.py``): what the
-runner hands it, its capture plan and knobs, and the graph pool its platform hands it."""
+"""Seams into Model Runner V2's CUDA-graph manager (``vllm/v1/worker/gpu/cudagraph_utils.py``): its module,
+how the runner builds it and calls its capture, what the runner hands it, its capture plan and knobs, and
+the graph pool its platform hands it."""
 
 from __future__ import annotations
 
@@ -11,6 +12,89 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..scoped import attributes
+from .changed import SeamChanged
+
+
+def cudagraph_module() -> types.ModuleType:
+    """Model Runner V2's CUDA-graph module, ``vllm.v1.worker.gpu.cudagraph_utils`` (0.18.0-0.33.0; the
+    engine patches the same module, and a release without it is refused there first)."""
+    import vllm.v1.worker.gpu.cudagraph_utils as module
+
+    return module  # type: ignore[no-any-return]
+
+
+def new_manager(
+    vllm_config: Any,
+    cudagraph_mode: str,
+    decode_query_len: int,
+    *,
+    lora_capture_cases: list[int] | None = None,
+    varlen_decode: bool = False,
+    ubatch_runner: Any = None,
+) -> Any:
+    """A ``ModelCudaGraphManager`` on CPU, built the way Model Runner V2 builds it (call inside
+    :func:`cpu_capture_edges`, which stubs the graph pool ``__init__`` asks for). Internals: the
+    constructor's leading parameters ``(vllm_config, device, cudagraph_mode, decode_query_len)``
+    (0.18.0-0.33.0, which the engine's structure check requires too) and its knobs ``lora_capture_cases``,
+    ``varlen_decode`` and ``ubatch_runner``, passed only when set: :func:`manager_features` says which a
+    release has, and one it lacks raises vLLM's TypeError."""
+    import torch
+    from vllm.config.compilation import CUDAGraphMode
+
+    knobs: dict[str, Any] = {"lora_capture_cases": lora_capture_cases, "varlen_decode": varlen_decode or None,
+                             "ubatch_runner": ubatch_runner}  # fmt: skip
+    return cudagraph_module().ModelCudaGraphManager(
+        vllm_config, torch.device("cpu"), CUDAGraphMode[cudagraph_mode], decode_query_len,
+        **{name: value for name, value in knobs.items() if value},
+    )  # fmt: skip
+
+
+def capture_on_cpu(
+    manager: Any,
+    model: Any,
+    *,
+    max_num_seqs: int,
+    rows: int,
+    upstream: dict[str, Any] | None = None,
+    aux_hidden_states: bool = False,
+    block_tables: Any = None,
+) -> None:
+    """Run the manager's own ``capture()`` (inside :func:`cpu_capture_edges`) with what Model Runner V2
+    hands it, built on CPU: input buffers for ``max_num_seqs`` requests and ``rows`` tokens, the
+    intermediate tensors a rank after the first receives (``upstream``), a KV-cache config with no blocks,
+    and a model state whose dummy inputs are empty. Internals: ``capture``'s parameters, passed by name
+    (they changed across 0.18.0-0.33.0: :func:`capture_arguments`), ``InputBuffers`` of
+    ``vllm.v1.worker.gpu.input_batch`` (``(max_num_reqs, max_num_tokens, device)``), ``KVCacheConfig``
+    and ``IntermediateTensors``."""
+    import torch
+    from vllm.sequence import IntermediateTensors
+    from vllm.v1.kv_cache_interface import KVCacheConfig
+    from vllm.v1.worker.gpu.input_batch import InputBuffers
+
+    available = {
+        "model": model,
+        "model_state": types.SimpleNamespace(prepare_dummy_inputs=lambda num_reqs, num_tokens: {}),
+        "input_buffers": InputBuffers(max_num_seqs, rows, torch.device("cpu")),
+        "intermediate_tensors": None if upstream is None else IntermediateTensors(upstream),
+        "block_tables": block_tables, "attn_groups": [], "has_lora": False,
+        "kv_cache_config": KVCacheConfig(num_blocks=0, kv_cache_tensors=[], kv_cache_groups=[]),
+        "use_aux_hidden_state_outputs": aux_hidden_states,
+    }  # fmt: skip
+    manager.capture(**capture_arguments(type(manager).capture, available))
+
+
+def capture_arguments(capture: Any, available: dict[str, Any]) -> dict[str, Any]:
+    """The arguments this release's ``capture`` takes, by name, from ``available``: a parameter with a
+    default is passed only when available; a required one ``available`` lacks (a release that added one)
+    raises ``SeamChanged`` naming it."""
+    params = list(inspect.signature(inspect.unwrap(capture)).parameters.values())[1:]
+    named = [p for p in params if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
+    unknown = [p.name for p in named if p.default is p.empty and p.name not in available]
+    if unknown:
+        raise SeamChanged(
+            f"ModelCudaGraphManager.capture requires {', '.join(unknown)}, unknown to the CPU replay"
+        )
+    return {p.name: available[p.name] for p in named if p.name in available}
 
 
 @contextlib.contextmanager
@@ -66,9 +150,9 @@ def cpu_capture_edges(first_pp_rank: bool, last_pp_rank: bool, dbo: bool) -> Ite
     the block and removed after (nothing there calls it); a renamed one would leave vLLM's own function
     running, which tests/test_contract_replay_loop.py (this loop against vLLM's own, on every release CI
     covers) and the contract tests' crash / no-crash outcomes catch."""
-    import vllm.v1.worker.gpu.cudagraph_utils as cu
     from vllm.config.compilation import CUDAGraphMode
 
+    cu = cudagraph_module()
     pp_group = types.SimpleNamespace(is_first_rank=first_pp_rank, is_last_rank=last_pp_rank)
 
     def stored_order_capture(

@@ -5,6 +5,7 @@ The pre-flight's emulated GPU (``preflight/platform.py``) is built on these."""
 from __future__ import annotations
 
 import contextlib
+import importlib
 import sys
 import types
 from collections.abc import Callable, Iterator
@@ -21,6 +22,31 @@ KERNEL_QUERIES: dict[str, Callable[[int], bool]] = {
     "cutlass_scaled_mm_supports_block_fp8": lambda capability: capability >= 90,
     "cutlass_scaled_mm_supports_fp4": lambda capability: capability >= 100,
 }
+
+
+# The vLLM modules the pre-flight uses that branch on the platform when first imported (CUDA-only kernels).
+PLATFORM_BRANCHING_MODULES = (
+    "vllm.config.vllm",
+    "vllm.distributed.ec_transfer",
+    "vllm.engine.arg_utils",
+    "vllm.entrypoints.common.cli_args",
+    "vllm.model_executor.model_loader.weight_utils",
+    "vllm.model_executor.models.config",
+    "vllm.model_executor.models.registry",
+    "vllm.v1.executor.uniproc_executor",
+    "vllm.v1.worker.gpu.cudagraph_utils",
+    "vllm.v1.worker.gpu.lora_utils",
+    "vllm.v1.worker.gpu.spec_decode.eagle.eagle3_utils",
+)
+
+
+def import_under_machine_platform() -> None:
+    """Import ``PLATFORM_BRANCHING_MODULES`` under the machine's own platform, before an emulated CUDA one
+    is bound: imported while CUDA is emulated, they would load CUDA extensions this machine does not have.
+    Internals: those module paths (0.32.0-0.33.0); a moved one raises ImportError and the pre-flight says
+    it cannot check here."""
+    for name in PLATFORM_BRANCHING_MODULES:
+        importlib.import_module(name)
 
 
 def cuda_platform_class() -> type:
