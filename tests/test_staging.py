@@ -161,10 +161,11 @@ def test_growth_after_capture_regrows_until_graphs_exist(fake_module: Any) -> No
     manager._capture_descs[FULL].insert(0, descs(FULL, [64])[0])
     with pytest.raises(StagingError) as caught:
         manager.capture()
-    assert str(caught.value) == (
-        "a capture descriptor of 64 tokens was added after CUDA graphs recorded the address of the 32-row "
-        "staging buffers; replacing them would corrupt those graphs. Register all descriptors before the "
-        "first capture (vLLM rebuilds the manager when it re-initialises the KV cache)."
+    assert_says(
+        str(caught.value),
+        "a capture descriptor of 64 tokens was added after CUDA graphs recorded the address of the 32-row",
+        "would corrupt those graphs. Register all descriptors before the first capture",
+        end="(vLLM rebuilds the manager when it re-initialises the KV cache).",
     )
     assert manager.hidden_states.shape[0] == 32  # untouched
 

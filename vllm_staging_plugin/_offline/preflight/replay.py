@@ -67,7 +67,6 @@ def replay_arm(
 ) -> tuple[Arm, dict[str, list[int]]]:
     """One real capture() of a manager built from ``vllm_config`` at ``stage``, stock or patched with
     ``settings``; returns the arm and vLLM's plan."""
-    import torch
 
     from ..._engine.sizing import CAPTURE_MODE_ORDER, capture_sequence
 
@@ -83,22 +82,14 @@ def replay_arm(
         first_pp_rank=stage.first,
         last_pp_rank=stage.last,
     )
-    kwargs: dict[str, Any] = {}
     if inputs.dbo:  # vLLM's own _maybe_ubatch_twin adds the micro-batch twins; the runner is a stand-in
         cfg.dbo = True
-        kwargs["ubatch_runner"] = cpu_replay.UbatchRunner()
-    from vllm.config.compilation import CUDAGraphMode
-
-    with cpu_replay.cpu_stubs(cfg) as cu, cpu_replay.stock_or_patched(patched, settings):
-        manager = cu.ModelCudaGraphManager(
-            vllm_config,
-            torch.device("cpu"),
-            CUDAGraphMode[inputs.cudagraph_mode],
-            decode_query_len=inputs.decode_query_len,
-            lora_capture_cases=inputs.lora_capture_cases,
-            varlen_decode=inputs.varlen_decode,
-            **kwargs,
-        )
+    with cpu_replay.cpu_stubs(cfg), cpu_replay.stock_or_patched(patched, settings):
+        manager = seams.new_manager(
+            vllm_config, inputs.cudagraph_mode, inputs.decode_query_len,
+            lora_capture_cases=inputs.lora_capture_cases, varlen_decode=inputs.varlen_decode,
+            ubatch_runner=cpu_replay.UbatchRunner() if inputs.dbo else None,
+        )  # fmt: skip
         descs = seams.capture_plan(manager)
         by_name = {getattr(mode, "name", str(mode)): mode for mode in descs}
         flat = [(by_name[name], d) for name in CAPTURE_MODE_ORDER if name in by_name

@@ -43,7 +43,7 @@ PLATFORM_BRANCHING_MODULES = (
 def import_under_machine_platform() -> None:
     """Import ``PLATFORM_BRANCHING_MODULES`` under the machine's own platform, before an emulated CUDA one
     is bound: imported while CUDA is emulated, they would load CUDA extensions this machine does not have.
-    Internals: those module paths (0.32.0-0.33.0); a moved one raises ImportError and the pre-flight says
+    Internals: those module paths (0.33.0); a moved one raises ImportError and the pre-flight says
     it cannot check here."""
     for name in PLATFORM_BRANCHING_MODULES:
         importlib.import_module(name)
