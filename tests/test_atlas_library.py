@@ -220,3 +220,12 @@ def test_the_sweep_reads_the_real_managers_descriptors_and_counts_what_disagrees
     monkeypatch.setattr(search, "predicted_crash", lambda s: not condition.predicted_crash(s))
     wrong = search.sweep(tiny, feats)
     assert wrong["mismatches"] == wrong["configurations"] and len(wrong["mismatch_examples"]) == 5
+
+
+def test_the_overlay_probe_gives_the_plugins_verdict_on_the_installed_vllm() -> None:
+    from vllm_staging_plugin._engine import compat
+    from vllm_staging_plugin._offline.atlas import probe
+
+    assert probe.verdict() == {
+        "version": compat.installed_versions()["vllm"], "verdict": "supported", "why": "structure present",
+    }  # fmt: skip

@@ -12,13 +12,14 @@ from typing import Any
 import pytest
 import torch
 from fakes import installed, is_patched, policy_order
+from replays import Reorder, ascending, replay
 
 pytest.importorskip("vllm.v1.worker.gpu.cudagraph_utils")
 
 import vllm_staging_plugin
 from vllm_staging_plugin._engine import compat, staging
 from vllm_staging_plugin._offline import cpu_replay, seams
-from vllm_staging_plugin._offline.cpu_replay import ReplayConfig, ascending, replay
+from vllm_staging_plugin._offline.cpu_replay import ReplayConfig
 
 pytestmark = pytest.mark.contract
 _CU = seams.cudagraph_module()
@@ -36,7 +37,7 @@ SHAPE_MISMATCH = "must match the existing size"
 QWEN3_8B = ReplayConfig()  # FULL_AND_PIECEWISE, 51 sizes up to 512, hidden 4096, bf16
 
 
-def shuffled(seed: int) -> cpu_replay.Reorder:
+def shuffled(seed: int) -> Reorder:
     def reorder(descs: list[Any]) -> list[Any]:
         out = list(descs)
         random.Random(seed).shuffle(out)
@@ -63,7 +64,7 @@ def test_real_class_has_the_structure_the_patch_relies_on() -> None:
     [ascending, shuffled(1), shuffled(2), shuffled(3)],
     ids=["ascending", "shuffle1", "shuffle2", "shuffle3"],
 )
-def test_stock_crashes_and_patched_holds_capacity(reorder: cpu_replay.Reorder) -> None:
+def test_stock_crashes_and_patched_holds_capacity(reorder: Reorder) -> None:
     stock = replay(QWEN3_8B, patched=False, reorder=reorder)
     patched = replay(QWEN3_8B, patched=True, reorder=reorder)
     first = stock.sequence["PIECEWISE"][0]

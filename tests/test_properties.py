@@ -19,6 +19,7 @@ pytest.importorskip("vllm.v1.worker.gpu.cudagraph_utils")
 import torch
 from hypothesis import HealthCheck, assume, event, given, settings
 from hypothesis import strategies as st
+from replays import replay_tensors
 
 from vllm_staging_plugin._offline import cpu_replay
 from vllm_staging_plugin._offline.cpu_replay import ReplayConfig, ReplayResult
@@ -122,7 +123,7 @@ def test_any_permutation_patched_runs_every_descriptor_into_capacity_rows(
     def permute(group: list[Any]) -> list[Any]:
         return [group[i] for i in orders[group[0].cg_mode.name]] if group else group
 
-    result, tensors = cpu_replay.replay_tensors(cfg, patched=True, reorder=permute)
+    result, tensors = replay_tensors(cfg, patched=True, reorder=permute)
     assert result.ok, result.error
     capacity = max((d.num_tokens for group in descs.values() for d in group), default=0)
     assert result.capacity == capacity
@@ -140,8 +141,8 @@ def test_vllms_own_order_patched_is_stock_where_stock_boots_and_boots_where_it_c
     cfg: ReplayConfig,
 ) -> None:
     stock_descriptors(cfg)  # rejects configurations vLLM itself refuses
-    stock, stock_tensors = cpu_replay.replay_tensors(cfg, patched=False)
-    patched, patched_tensors = cpu_replay.replay_tensors(cfg, patched=True)
+    stock, stock_tensors = replay_tensors(cfg, patched=False)
+    patched, patched_tensors = replay_tensors(cfg, patched=True)
     assert patched.ok, patched.error
     assert patched.sequence == stock.sequence  # vLLM's order: nothing reordered
     event("stock boots in its own order" if stock.ok else "stock crashes in its own order")
@@ -166,8 +167,8 @@ def test_the_generator_reaches_stock_crashes_in_vllms_own_order() -> None:
         mode="FULL_AND_PIECEWISE", sizes=(1, 2, 4, 8, 16), max_num_seqs=4, decode_query_len=3,
         hidden_size=8, use_kda_recoverssm=True, output="pattern",
     )  # fmt: skip
-    stock, _ = cpu_replay.replay_tensors(cfg, patched=False)
-    patched, tensors = cpu_replay.replay_tensors(cfg, patched=True)
+    stock, _ = replay_tensors(cfg, patched=False)
+    patched, tensors = replay_tensors(cfg, patched=True)
     assert stock.sequence == {"PIECEWISE": [8, 4, 2, 1], "FULL": [9, 6, 3]}
     assert not stock.ok and "expanded size of the tensor (8) must match the existing size (9)" in (
         stock.error or ""

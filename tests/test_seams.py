@@ -67,6 +67,13 @@ def test_the_kda_layer_is_the_one_vllms_kimi_decoder_builds(kimi_linear: str, tm
 
 
 @preflight_release
+def test_the_model_class_is_the_one_vllms_registry_resolves(kimi_linear: str, tmp_path: Path) -> None:
+    models = (kimi_linear, str(K3_4_LAYERS), model_folder(tmp_path / "qwen", QWEN3_0_6B))
+    resolved = [seams.model_class(vllm_config(model)).__name__ for model in models]
+    assert resolved == ["KimiLinearForCausalLM", "KimiK3ForConditionalGeneration", "Qwen3ForCausalLM"]
+
+
+@preflight_release
 def test_a_decode_beside_a_prefill_gets_one_column_under_replayssm(kimi_linear: str) -> None:
     """vLLM 0.33.0: one state slot per request (num_speculative_blocks 0) and the generic GDN builder's
     mixed branch slices it as it is, so the kernel's 9 index words meet a 1-column index."""
@@ -238,7 +245,10 @@ def test_the_capture_plan_is_the_managers_own_and_reordering_it_changes_the_capt
         plan = seams.capture_plan(manager)
         assert plan is seams.capture_plan(manager) and set(plan) <= set(CUDAGraphMode)
         assert [d.num_tokens for d in plan[CUDAGraphMode.PIECEWISE]] == [8, 4, 2, 1]  # vLLM's own: descending
-        result = cpu_replay.run_capture(manager, cfg, cpu_replay.ascending)
+        plan[CUDAGraphMode.PIECEWISE].sort(key=lambda d: d.num_tokens)  # in the live plan
+        assert seams.replayed_plan(manager) is None  # nothing walked before the capture
+        result = cpu_replay.run_capture(manager, cfg)
+        assert seams.replayed_plan(manager) is plan  # the loop walked the live plan
     assert result.forwards[:3] == [1, 1, 2]  # the 1-token graph first, then the 2-token one: stock's crash
     assert result.error is not None and "(1) must match the existing size (2)" in result.error
     assert [d.num_tokens for d in plan[CUDAGraphMode.PIECEWISE]] == [1, 2, 4, 8]

@@ -89,6 +89,8 @@ def main() -> None:
     import vllm.v1.worker.gpu.cudagraph_utils as cu  # what model_runner imports: the patch applies here
 
     out: dict[str, Any] = {"after_register": plugin_modules(), "hooks_after_register": hooks()}
+    import replays
+
     from vllm_staging_plugin._engine import staging
     from vllm_staging_plugin._offline import cpu_replay, seams  # the test's driver, imported only now
 
@@ -147,7 +149,7 @@ def main() -> None:
         with cpu_replay.cpu_stubs(cfg):
             manager = cpu_replay.build_manager(cfg)
             patched = cpu_replay.run_capture(manager, cfg)
-        stock = cpu_replay.replay(cfg, patched=False, reorder=cpu_replay.ascending)
+        stock = replays.replay(cfg, patched=False, reorder=replays.ascending)
         rows = {k: b["rows"] for k, b in patched.buffers.items()}
         state = staging.state_of(manager)
         assert state is not None

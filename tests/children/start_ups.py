@@ -32,6 +32,7 @@ def start_up(plugins: str, **variables: str) -> None:
 
 
 def capture(ascending: bool = False) -> dict[str, Any]:
+    import replays
     import vllm.v1.worker.gpu.cudagraph_utils as cu  # what model_runner imports before building managers
 
     from vllm_staging_plugin._engine import staging
@@ -40,7 +41,9 @@ def capture(ascending: bool = False) -> dict[str, Any]:
     cfg = cpu_replay.ReplayConfig(hidden_size=64)
     with cpu_replay.cpu_stubs(cfg):
         manager = cpu_replay.build_manager(cfg)
-        result = cpu_replay.run_capture(manager, cfg, cpu_replay.ascending if ascending else None)
+        if ascending:
+            replays.reorder_plan(manager, replays.ascending)
+        result = cpu_replay.run_capture(manager, cfg)
     cls = cu.ModelCudaGraphManager
     return {
         "patched": any(is_plugin_wrapper(cls.__dict__[name]) for name in ("__init__", "capture")),

@@ -16,21 +16,7 @@ from pathlib import Path
 
 from .releases import span
 
-PROBE = """
-import json
-from vllm_staging_plugin._engine import compat
-out = {"version": compat.installed_versions()["vllm"]}
-try:
-    import importlib
-    module = importlib.import_module(compat.CUDAGRAPH_MODULE)
-    compat.manager_class(module)
-    out["verdict"], out["why"] = "supported", "structure present"
-except compat.IncompatibleVllm as exc:
-    out["verdict"], out["why"] = "refused", str(exc)
-except Exception as exc:
-    out["verdict"], out["why"] = "error", f"{type(exc).__name__}: {exc}"
-print("PROBE:" + json.dumps(out))
-"""
+PROBE = "vllm_staging_plugin._offline.atlas.probe"  # run with python -m in the overlaid environment
 MISSING = re.compile(r"No module named '([\w.]+)'|requires \"([\w.-]+)\" to be installed")
 PIN = re.compile(
     r"(?P<releases>\S+)\s+(?P<name>[A-Za-z0-9][A-Za-z0-9._-]*)==(?P<version>[A-Za-z0-9.+!_-]+)"
@@ -111,7 +97,7 @@ def release_env(
     deps = cache / f"deps-{version}"
     extras = install_pins(version, deps, packages)
     env = {"PYTHONPATH": f"{folder}:{deps}", "PATH": "/usr/bin:/bin", "HOME": str(Path.home())}
-    probe = subprocess.run([sys.executable, "-c", PROBE], env=env, capture_output=True, text=True, cwd=cwd)
+    probe = subprocess.run([sys.executable, "-m", PROBE], env=env, capture_output=True, text=True, cwd=cwd)
     line = next((x for x in probe.stdout.splitlines() if x.startswith("PROBE:")), None)
     result: dict[str, object] = (
         json.loads(line[6:]) if line else {"verdict": "error", "why": probe.stderr[-300:]}

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import types
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -13,7 +13,7 @@ import torch
 
 from ..._engine.patch import ManagerPatch
 from ..._engine.settings import Settings
-from ..._engine.staging import staging_buffer_bytes, staging_tensors
+from ..._engine.staging import staging_buffer_bytes
 from ..._engine.wrapping import ClassWrap
 from .. import seams
 from .config import ReplayConfig, make_vllm_config
@@ -28,11 +28,6 @@ def stock_in_order(order: str) -> Settings:
     """The patch's settings for stock vLLM captured in ``order``: the plugin's own policy reorders vLLM's
     lists, and presize ``off-allow-crash`` leaves vLLM's lazy staging alone (strict, no receipts)."""
     return Settings(order=order, presize="off-allow-crash", strict=True)
-
-
-Reorder = Callable[[list[Any]], list[Any]]
-"""A test harness's order (a permutation no policy expresses, a descriptor added); tools apply an order
-through ``Settings`` and the plugin's policies, as an engine does."""
 
 
 @dataclass
@@ -67,14 +62,11 @@ def build_manager(cfg: ReplayConfig) -> Any:
     )  # fmt: skip
 
 
-def run_capture(manager: Any, cfg: ReplayConfig, reorder: Reorder | None = None) -> ReplayResult:
+def run_capture(manager: Any, cfg: ReplayConfig) -> ReplayResult:
     """Run the manager's real ``capture()`` (call inside :func:`cpu_stubs`); errors become results."""
     from ..._engine.sizing import capture_sequence, staging_capacity
 
     plan = seams.capture_plan(manager)
-    if reorder is not None:  # simulate another capture order on stock and patched alike
-        for mode, descs in plan.items():
-            plan[mode] = reorder(list(descs))
     rows = max(staging_capacity(plan), 1)
     upstream = None
     if not cfg.first_pp_rank:
@@ -87,7 +79,8 @@ def run_capture(manager: Any, cfg: ReplayConfig, reorder: Reorder | None = None)
                              block_tables=BlockTables() if cfg.dbo else None)  # fmt: skip
     except Exception as exc:
         error = f"{type(exc).__name__}: {exc}"
-    walked = vars(manager).get(seams.manager.REPLAYED_PLAN, plan)  # the order captured, a patch's too
+    walked = seams.replayed_plan(manager)  # the order captured, a patch's too
+    walked = plan if walked is None else walked
     return ReplayResult(
         ok=error is None,
         error=error,
@@ -118,26 +111,10 @@ def stock_or_patched(patched: bool, settings: Settings = PATCHED) -> Iterator[Ma
         wrap.restore()
 
 
-def replay(
-    cfg: ReplayConfig, patched: bool, reorder: Reorder | None = None, settings: Settings = PATCHED
-) -> ReplayResult:
+def replay(cfg: ReplayConfig, patched: bool, settings: Settings = PATCHED) -> ReplayResult:
     """Build the real manager and run its capture staging, stock or patched (with ``settings``)."""
     with cpu_stubs(cfg), stock_or_patched(patched, settings):
-        return run_capture(build_manager(cfg), cfg, reorder)
-
-
-def replay_tensors(
-    cfg: ReplayConfig, patched: bool, reorder: Reorder | None = None, settings: Settings = PATCHED
-) -> tuple[ReplayResult, dict[str, torch.Tensor]]:
-    """:func:`replay`, plus the staging tensors themselves (by display name) for byte comparisons."""
-    with cpu_stubs(cfg), stock_or_patched(patched, settings):
-        manager = build_manager(cfg)
-        result = run_capture(manager, cfg, reorder)
-    return result, dict(staging_tensors(manager))
-
-
-def ascending(descs: list[Any]) -> list[Any]:
-    return sorted(descs, key=lambda d: d.num_tokens)
+        return run_capture(build_manager(cfg), cfg)
 
 
 def vllm_presizes() -> bool:

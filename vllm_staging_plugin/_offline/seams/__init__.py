@@ -28,6 +28,7 @@ from .manager import (
     manager_features,
     manager_inputs,
     new_manager,
+    replayed_plan,
 )
 from .platform import (
     KERNEL_QUERIES,
@@ -44,5 +45,5 @@ __all__ = [
     "cpu_capture_edges", "cuda_platform_class", "cudagraph_module", "derive_capture_sizes",
     "graph_pool_stub", "import_under_machine_platform", "inspect_architecture", "kda_layer_class",
     "kda_mixed_step", "kernel_library_answers", "manager_features", "manager_inputs", "model_class",
-    "new_manager", "platform_bound",
+    "new_manager", "platform_bound", "replayed_plan",
 ]  # fmt: skip

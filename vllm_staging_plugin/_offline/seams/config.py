@@ -44,7 +44,9 @@ def inspect_architecture(architecture: str) -> None:
 
 
 def model_class(vllm_config: Any) -> Any:
-    """The model class vLLM resolves for the configuration (``ModelRegistry.resolve_model_cls``, 0.18+)."""
+    """The model class vLLM resolves for the configuration. Internal: ``ModelRegistry.resolve_model_cls``
+    returning ``(class, architecture)`` (0.18.0-0.33.0); renamed or re-shaped, it raises (AttributeError,
+    ValueError) and the pre-flight's serving check reports that it could not be made."""
     from vllm.model_executor.models import ModelRegistry
 
     model_config = vllm_config.model_config

@@ -90,7 +90,9 @@ def _kda_layer_class(vllm_config: Any, model_cls: Any) -> Any:
 def _host_copies() -> Iterator[None]:
     """vLLM's host-to-device helper stages copies in pinned memory when its platform says CUDA; on this
     CPU-only machine nothing can be pinned. Private: ``PIN_MEMORY`` of ``vllm.utils.torch_utils`` and its
-    copy in ``vllm.v1.attention.backends.utils`` (0.33.0), read at each call."""
+    copy in ``vllm.v1.attention.backends.utils`` (0.33.0), read at each call; a module that moves raises
+    ImportError, and a flag read under another name makes the metadata build fail on pinning: either way
+    the serving check reports that it could not be made."""
     import vllm.utils.torch_utils as torch_utils
     import vllm.v1.attention.backends.utils as backend_utils
 

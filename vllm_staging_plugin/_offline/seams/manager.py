@@ -65,7 +65,8 @@ def capture_on_cpu(
     and a model state whose dummy inputs are empty. Internals: ``capture``'s parameters, passed by name
     (they changed across 0.18.0-0.33.0: :func:`capture_arguments`), ``InputBuffers`` of
     ``vllm.v1.worker.gpu.input_batch`` (``(max_num_reqs, max_num_tokens, device)``), ``KVCacheConfig``
-    and ``IntermediateTensors``."""
+    and ``IntermediateTensors`` (0.18.0-0.33.0); one moved or re-signed raises (ImportError, TypeError)
+    and the replay reports the capture as failed with that error."""
     import torch
     from vllm.sequence import IntermediateTensors
     from vllm.v1.kv_cache_interface import KVCacheConfig
@@ -101,7 +102,8 @@ def capture_arguments(capture: Any, available: dict[str, Any]) -> dict[str, Any]
 def graph_pool_stub(platform: Any, pool: Any) -> Iterator[None]:
     """For the block, ``platform.get_global_graph_pool()`` returns ``pool`` without CUDA (a manager built
     on CPU asks the platform its module bound, in ``__init__``). Private: the platform class's
-    ``_global_graph_pool`` cache (0.18.0-0.33.0), which that getter returns when set."""
+    ``_global_graph_pool`` cache (0.18.0-0.33.0), which that getter returns when set; a getter that stops
+    reading it asks CUDA for a pool, and building the manager fails, which every CPU replay reports."""
     with attributes(type(platform), {"_global_graph_pool": pool}):
         yield
 
@@ -134,6 +136,13 @@ def manager_features(cudagraph_module: Any) -> dict[str, bool]:
 
 REPLAYED_PLAN = "_cpu_replay_plan"
 """The manager attribute where the CPU capture loop leaves the plan it walked (the order it captured)."""
+
+
+def replayed_plan(manager: Any) -> dict[Any, list[Any]] | None:
+    """The plan :func:`cpu_capture_edges`' loop walked on ``manager`` (a patch's order too), or None
+    before a capture. This package's own attribute, not vLLM's."""
+    walked: dict[Any, list[Any]] | None = vars(manager).get(REPLAYED_PLAN)
+    return walked
 
 
 @contextlib.contextmanager

@@ -1,0 +1,46 @@
+"""Test-only replays in orders no policy expresses: the CPU replay with the real manager's capture plan
+permuted (or a descriptor added) through ``seams.capture_plan`` before its capture, stock and patched
+alike. The tools apply an order one way, through ``Settings`` and the plugin's policies."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from vllm_staging_plugin._engine.settings import Settings
+from vllm_staging_plugin._engine.staging import staging_tensors
+from vllm_staging_plugin._offline import cpu_replay, seams
+from vllm_staging_plugin._offline.cpu_replay import PATCHED, ReplayConfig, ReplayResult
+
+Reorder = Callable[[list[Any]], list[Any]]
+
+
+def ascending(descs: list[Any]) -> list[Any]:
+    return sorted(descs, key=lambda d: d.num_tokens)
+
+
+def reorder_plan(manager: Any, reorder: Reorder) -> None:
+    """Each mode's descriptors in the manager's live plan, as ``reorder`` returns them."""
+    plan = seams.capture_plan(manager)
+    for mode, descs in plan.items():
+        plan[mode] = reorder(list(descs))
+
+
+def replay_tensors(
+    cfg: ReplayConfig, patched: bool, reorder: Reorder | None = None, settings: Settings = PATCHED
+) -> tuple[ReplayResult, dict[str, torch.Tensor]]:
+    """``cpu_replay.replay`` in ``reorder``'s order, plus the staging tensors (by display name)."""
+    with cpu_replay.cpu_stubs(cfg), cpu_replay.stock_or_patched(patched, settings):
+        manager = cpu_replay.build_manager(cfg)
+        if reorder is not None:
+            reorder_plan(manager, reorder)
+        result = cpu_replay.run_capture(manager, cfg)
+    return result, dict(staging_tensors(manager))
+
+
+def replay(
+    cfg: ReplayConfig, patched: bool, reorder: Reorder | None = None, settings: Settings = PATCHED
+) -> ReplayResult:
+    return replay_tensors(cfg, patched, reorder, settings)[0]
