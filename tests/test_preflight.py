@@ -277,6 +277,16 @@ def test_the_emulated_platform_is_vllms_cuda_platform() -> None:
     assert not platform.has_device_capability(90)
 
 
+def test_a_vllm_without_the_serve_parser_is_named_in_one_line(
+    monkeypatch: pytest.MonkeyPatch, capsys: Any, tmp_path: Path
+) -> None:
+    monkeypatch.setattr(preflight, "has_serve_parser", lambda: False)
+    assert main(["check", "--", model_folder(tmp_path / "qwen3", QWEN3_0_6B)]) == 3
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert_says(line, "vllm-staging-plugin check: cannot check on this machine",
+                "vllm.entrypoints.common.cli_args", "0.18.0-0.33.0")  # fmt: skip
+
+
 def test_a_bad_order_variable_is_named_as_the_variable(monkeypatch: pytest.MonkeyPatch, capsys: Any) -> None:
     monkeypatch.setenv("STAGING_PLUGIN_ORDER", "zigzag")
     assert main(["check", "--json", "--", "unused"]) == 2

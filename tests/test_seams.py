@@ -6,13 +6,15 @@ without it."""
 
 from __future__ import annotations
 
-import importlib.util
+import importlib
+import json
 import re
 from pathlib import Path
 from typing import Any
 
 import pytest
 from configs import K3_4_LAYERS, KIMI_LINEAR_4_LAYERS, NO_WEIGHTS, QWEN3_0_6B, model_folder
+from stable import assert_says
 
 from vllm_staging_plugin._offline import seams
 from vllm_staging_plugin._offline.atlas.releases import SUPPORTED, span
@@ -22,15 +24,8 @@ from vllm_staging_plugin._offline.preflight.platform import GPUS, platform_for_c
 pytestmark = [pytest.mark.contract, pytest.mark.usefixtures("model_inspection_cache", "offline")]
 
 
-def _importable(name: str) -> bool:
-    try:
-        return importlib.util.find_spec(name) is not None
-    except ModuleNotFoundError:  # a parent package is missing
-        return False
-
-
 preflight_release = pytest.mark.skipif(
-    not _importable("vllm.entrypoints.common.cli_args"),
+    not arguments.has_serve_parser(),
     reason="this vLLM lacks the parser the pre-flight builds on (vllm.entrypoints.common.cli_args)",
 )
 RELEASE = re.sub(r"^(\d+\.\d+\.\d+).*", r"\1", importlib.import_module("vllm").__version__)
@@ -118,6 +113,20 @@ def test_on_vllm_with_the_kda_patch_the_index_covers_the_query(kimi_linear: str)
     step = seams.kda_mixed_step(vllm_config(kimi_linear, "--use-replayssm", *NGRAM_8))
     assert step is not None and step.layer == "KimiGatedDeltaNetAttention"
     assert (step.index_columns, step.query_length) == (9, 9) and not step.faults
+
+
+@pytest.mark.skipif(arguments.has_serve_parser(), reason="this vLLM has the parser the pre-flight builds on")
+def test_without_the_serve_parser_the_check_says_what_it_needs(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """On a release the plugin supports but the pre-flight does not (before 0.33.0): exit 3, one line
+    naming the parser, not advice to move to a GPU host."""
+    from vllm_staging_plugin._offline.cli import main
+
+    assert main(["check", "--json", "--", model_folder(tmp_path / "qwen", QWEN3_0_6B)]) == 3
+    out = json.loads(capsys.readouterr().out)
+    assert_says(out["message"], "the check builds on vLLM 0.33.0's `vllm serve` parser",
+                arguments.PARSER_MODULE, f"vLLM {RELEASE} lacks")  # fmt: skip
 
 
 # Each release's answers, pinned from the releases themselves (tools/compat_matrix.py runs this file on

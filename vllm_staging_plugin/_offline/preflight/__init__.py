@@ -23,7 +23,7 @@ from ..._engine.settings import ENV_ORDER
 from .. import scoped, seams
 from ..text import first_line
 from . import workaround
-from .arguments import check_order, parse_serve_arguments
+from .arguments import PARSER_MODULE, check_order, has_serve_parser, parse_serve_arguments
 from .configure import create_engine_config, inspect_model_classes
 from .model_source import check_model, check_model_early
 from .phases import Phases
@@ -96,6 +96,11 @@ def run(
     versions = compat.installed_versions()
     if versions["vllm"] is None:
         raise CannotCheckHere("vLLM is not installed in this environment")
+    if not has_serve_parser():
+        raise CannotCheckHere(
+            f"the check builds on vLLM 0.33.0's `vllm serve` parser ({PARSER_MODULE}), which vLLM "
+            f"{versions['vllm']} lacks; the plugin itself runs on 0.18.0-0.33.0"
+        )
     with scoped.kept(os.environ), _installer_kept(), platform_for_check(gpu) as (platform, emulated):
         phases.add("imports", time.perf_counter() - started)  # vLLM's modules, under this machine's platform
 
