@@ -73,10 +73,10 @@ def run_capture(manager: Any, cfg: ReplayConfig) -> ReplayResult:
         upstream = {k: torch.zeros(rows, cfg.hidden_size, dtype=cfg.dtype) for k in cfg.intermediate_keys}
     error = None
     model = Model(cfg)
-    try:  # the microbatched capture asks the block tables for dummy tables and slot mappings
+    block_tables = BlockTables() if cfg.dbo else None  # the microbatched capture asks them for dummies
+    try:
         seams.capture_on_cpu(manager, model, max_num_seqs=cfg.max_num_seqs, rows=rows, upstream=upstream,
-                             aux_hidden_states=cfg.aux_layers > 0,
-                             block_tables=BlockTables() if cfg.dbo else None)  # fmt: skip
+                             aux_hidden_states=cfg.aux_layers > 0, block_tables=block_tables)  # fmt: skip
     except Exception as exc:
         error = f"{type(exc).__name__}: {exc}"
     walked = seams.replayed_plan(manager)  # the order captured, a patch's too

@@ -67,7 +67,6 @@ def replay_arm(
 ) -> tuple[Arm, dict[str, list[int]]]:
     """One real capture() of a manager built from ``vllm_config`` at ``stage``, stock or patched with
     ``settings``; returns the arm and vLLM's plan."""
-
     from ..._engine.sizing import CAPTURE_MODE_ORDER, capture_sequence
 
     cfg = cpu_replay.ReplayConfig(
@@ -81,9 +80,8 @@ def replay_arm(
         lora_capture_cases=inputs.lora_capture_cases,
         first_pp_rank=stage.first,
         last_pp_rank=stage.last,
+        dbo=inputs.dbo,  # vLLM's own _maybe_ubatch_twin adds the micro-batch twins; the runner is a stand-in
     )
-    if inputs.dbo:  # vLLM's own _maybe_ubatch_twin adds the micro-batch twins; the runner is a stand-in
-        cfg.dbo = True
     with cpu_replay.cpu_stubs(cfg), cpu_replay.stock_or_patched(patched, settings):
         manager = seams.new_manager(
             vllm_config, inputs.cudagraph_mode, inputs.decode_query_len,
