@@ -15,7 +15,13 @@ Design, chosen so that the ratio is trustworthy:
 - Reported: tokens/s per call, the median per arm, the ratio of medians (plugin / vanilla) and the paired
   per-rep ratios; plus the first tokens of each arm (identical when the plugin changes nothing observable).
 
+- ``--engines A,B,C`` (each ``MODEL=ARM[+VARIANT]``, benchmarks/study/plan.py) compares engines that differ
+  in more than the arm (another grid, a patched vLLM) on one GPU, at most two alive at once (a Kimi-K3 MXFP4
+  engine holds about 55 GiB): A stays up, each other engine is booted after A, measured against A ABAB-wise
+  (rep 0: A X, rep 1: X A, ...), and stopped before the next; ratios are X / A.
+
   python benchmarks/decode_bench.py run --out DIR [--models qwen3-0.6b,qwen3-8b] [--batches 1,64] [--reps 3]
+  python benchmarks/decode_bench.py run --out DIR --engines MODEL=plugin,MODEL-workaround=vanilla,...
   python benchmarks/decode_bench.py summarize DIR
 """
 
@@ -32,13 +38,14 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 # the same shapes, arms' environments and log analysis as the boot study (benchmarks/study/)
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from study import boot as study_boot
-from study import logs, models, scheduler
+from study import logs, models, plan, scheduler
 
 
 @dataclasses.dataclass
@@ -49,6 +56,7 @@ class Driver:
     arm: str
     gpu: int
     folder: Path
+    variant: str = ""
     proc: subprocess.Popen[bytes] | None = None
     ready: dict[str, Any] | None = None
     error: str | None = None
@@ -58,9 +66,10 @@ class Driver:
 
     def start(self, out: Path, args: argparse.Namespace) -> None:
         self.folder.mkdir(parents=True, exist_ok=True)
-        receipts = out / "receipts" / f"{self.shape}-{self.arm}"
+        receipts = out / "receipts" / self.folder.name
         env = study_boot.arm_env(self.arm, "descending", receipts, dict(os.environ))
         env |= models.MODELS[self.shape].env
+        env |= study_boot.variant_env(self.variant, self.folder, dict(os.environ))
         env |= {"CUDA_VISIBLE_DEVICES": str(self.gpu), "VLLM_ALLOW_INSECURE_SERIALIZATION": "1"}
         kwargs = models.engine_kwargs(out, self.shape, gpu_mem=args.gpu_mem)
         cmd = [sys.executable, __file__, "driver", "--kwargs", json.dumps(kwargs), "--dir", str(self.folder)]
@@ -151,8 +160,63 @@ def _boot_gpu(drivers: list[Driver], out: Path, args: argparse.Namespace) -> Non
         print(f"booted {d.shape}/{d.arm} on GPU {d.gpu}: {d.ready or d.error}", flush=True)
 
 
+def engine_driver(spec: str, gpu: int, out: Path) -> Driver:
+    """``MODEL=ARM[+VARIANT]`` -> its driver (the variant changes the environment, as in the study)."""
+    model, sep, rest = spec.partition("=")
+    arm, _, variant = rest.partition("+")
+    if not sep or model not in models.MODELS or arm not in plan.ARMS:
+        raise SystemExit(f"engine {spec!r}: want MODEL=ARM[+VARIANT], ARM one of {', '.join(plan.ARMS)}")
+    plan.variant_parts(variant)  # exits naming an unknown variant
+    name = f"{model}-{arm}" + (f"-{variant}" if variant else "")
+    return Driver(model, arm, gpu, out / "engines" / name, variant=variant)
+
+
+def run_pairs(args: argparse.Namespace, out: Path) -> int:
+    """``--engines``: the first engine against each other one in turn, two alive at once on one GPU."""
+    specs = args.engines.split(",")
+    drivers = [engine_driver(s, 0, out) for s in specs]
+    batches = [int(b) for b in args.batches.split(",")]
+    print(f"engines on GPU 0, baseline {specs[0]}; each other engine booted after it and measured against it")
+    print(f"per pair: batches {batches}, {args.warmup} warm-up + {args.reps} timed calls per engine, ABAB")
+    if args.dry_run:
+        for d in drivers:
+            kwargs = models.engine_kwargs(out, d.shape, gpu_mem=args.gpu_mem)
+            print(f"{d.folder.name} {json.dumps(kwargs, sort_keys=True)}")
+        return 0
+    began = time.monotonic()
+    calls: list[dict[str, Any]] = []
+    boots: list[dict[str, Any]] = []
+    signal.signal(signal.SIGTERM, scheduler.stop)
+    base = drivers[0]
+    try:
+        _boot_gpu([base], out, args)
+        for other in drivers[1:]:
+            if base.ready is None or time.monotonic() - began > args.deadline:
+                break
+            try:
+                _boot_gpu([other], out, args)
+                if other.ready is not None:
+                    pair = [base, other]
+                    calls += [
+                        c | {"pair": other.folder.name}
+                        for c in measure(
+                            base.folder.name, pair, batches, args, began, label=lambda d: d.folder.name
+                        )
+                    ]
+            finally:
+                other.stop()
+                boots.append(_boot_record(other, out))
+                _save(out, args, [*boots, _boot_record(base, out)], calls)
+    finally:
+        base.stop()
+    print(table(_save(out, args, [*boots, _boot_record(base, out)], calls)))
+    return 0
+
+
 def run(args: argparse.Namespace) -> int:
     out = Path(args.out).resolve()
+    if args.engines:
+        return run_pairs(args, out)
     shapes, arms = args.models.split(","), args.arms.split(",")
     batches = [int(b) for b in args.batches.split(",")]
     n_gpus = args.gpus or scheduler.gpu_count() or 1
@@ -210,14 +274,26 @@ def _boot_record(d: Driver, out: Path) -> dict[str, Any]:
     except OSError:
         text = ""
     info = logs.analyse_log(text, d.folder / "engine.trim.log")
-    receipts = len(list((out / "receipts" / f"{d.shape}-{d.arm}").glob("receipt-*.json")))
+    receipts = len(list((out / "receipts" / d.folder.name).glob("receipt-*.json")))
     keep = ("runner_log", "plugin_log_lines", "vllm_capture_seconds", "staging_crash")
-    boot = {"shape": d.shape, "arm": d.arm, "gpu": d.gpu, "ready": d.ready, "error": d.error}
+    boot = {
+        "shape": d.shape,
+        "arm": d.arm,
+        "variant": d.variant,
+        "gpu": d.gpu,
+        "ready": d.ready,
+        "error": d.error,
+    }
     return boot | {k: info.get(k) for k in keep} | {"receipts": receipts}
 
 
 def measure(
-    shape: str, drivers: list[Driver], batches: list[int], args: argparse.Namespace, began: float
+    shape: str,
+    drivers: list[Driver],
+    batches: list[int],
+    args: argparse.Namespace,
+    began: float,
+    label: Callable[[Driver], str] = lambda d: d.arm,
 ) -> list[dict[str, Any]]:
     calls: list[dict[str, Any]] = []
     for batch in batches:
@@ -230,10 +306,10 @@ def measure(
                 return calls
             for d in drivers if rep % 2 == 0 else drivers[::-1]:
                 answer = d.ask(batch, args.max_tokens)
-                calls.append({"shape": shape, "arm": d.arm, "batch": batch, "rep": rep, **answer})
+                calls.append({"shape": shape, "arm": label(d), "batch": batch, "rep": rep, **answer})
                 rate, secs = answer["tokens_per_s"], answer["seconds"]
                 print(
-                    f"{shape:<12} batch {batch:<3} rep {rep} {d.arm:<8} {rate:9.1f} tok/s ({secs:.3f} s)",
+                    f"{shape:<12} batch {batch:<3} rep {rep} {label(d):<8} {rate:9.1f} tok/s ({secs:.3f} s)",
                     flush=True,
                 )
     return calls
@@ -241,6 +317,8 @@ def measure(
 
 def table(result: dict[str, Any]) -> str:
     """Per shape and batch: tokens/s per call and median per arm, ratio of medians, paired ratios."""
+    if result["args"].get("engines"):
+        return _pairs_table(result)
     calls = result["calls"]
     arms = result["args"]["arms"].split(",")
     base, other = arms[0], arms[-1]
@@ -269,6 +347,33 @@ def table(result: dict[str, Any]) -> str:
     return "\n".join([*lines, "", *boots])
 
 
+def _pairs_table(result: dict[str, Any]) -> str:
+    """Per compared engine and batch: tokens/s per call of both, the ratio of medians (other / baseline)
+    and the paired per-rep ratios."""
+    calls = result["calls"]
+    lines = ["| engine | batch | tok/s per call | median | vs baseline (medians) | paired ratios | "
+             "first tokens equal |", "|---|---|---|---|---|---|---|"]  # fmt: skip
+    for pair, batch in sorted({(c["pair"], c["batch"]) for c in calls}):
+        mine = [c for c in calls if c["pair"] == pair and c["batch"] == batch]
+        base = mine[0]["shape"]
+        rates = {a: [c["tokens_per_s"] for c in mine if c["arm"] == a] for a in (base, pair)}
+        med = {a: statistics.median(r or [0.0]) for a, r in rates.items()}
+        by_rep = {(c["rep"], c["arm"]): c["tokens_per_s"] for c in mine}
+        reps = sorted(r for r, a in by_rep if a == pair and (r, base) in by_rep)
+        paired = ", ".join(f"{by_rep[r, pair] / by_rep[r, base]:.4f}" for r in reps)
+        same = str(len({json.dumps(c["first_tokens"]) for c in mine}) == 1)
+        for a in (base, pair):
+            ratio = f"{med[pair] / med[base]:.4f}" if a == pair and med[base] else ""
+            per_call = ", ".join(f"{r:.1f}" for r in rates[a])
+            lines.append(f"| {a} | {batch} | {per_call} | {med[a]:.1f} | {ratio} | "
+                         f"{paired if a == pair else ''} | {same if a == pair else ''} |")  # fmt: skip
+    boots = [f"{b['shape']}/{b['arm']}{'+' + b['variant'] if b.get('variant') else ''}: runner "
+             f"{b['runner_log']}, plugin log lines {b['plugin_log_lines']}, receipts {b['receipts']}, "
+             f"capture {b['vllm_capture_seconds']} s, error {b['error']}"
+             for b in result["boots"]]  # fmt: skip
+    return "\n".join([*lines, "", *boots])
+
+
 def summarize(args: argparse.Namespace) -> int:
     path = Path(args.directory) / "decode.json"
     if not path.exists():
@@ -287,6 +392,8 @@ def main() -> int:
     r.add_argument("--out", required=True)
     r.add_argument("--models", default="qwen3-0.6b,qwen3-8b")
     r.add_argument("--arms", default="vanilla,plugin", help="first is the baseline of the ratio")
+    r.add_argument("--engines", default="", help="MODEL=ARM[+VARIANT],...: the first against each other "
+                   "one in turn, on one GPU (replaces --models/--arms)")  # fmt: skip
     r.add_argument("--batches", default="1,64")
     r.add_argument("--reps", type=int, default=3)
     r.add_argument("--warmup", type=int, default=2)

@@ -54,10 +54,21 @@
 #              (5) compute-sanitizer memcheck of benchmarks/kda_replay.py (three index layouts). Four boots
 #              at a time on one GPU, each started once the others finished memory profiling (about one a
 #              minute).                                                       3 calls of ~9.5 min
+#   k3-deploy  Kimi-K3 as deployed: tests/data/kimi-k3-4l as shipped (MXFP4 experts, hidden 7168) with a
+#              config-only K3 DSpark drafter from tests/data, join traffic, two boots at a time on one GPU
+#              (gpu_memory_utilization 0.47 each), priority first, calling it again fills what is missing.
+#              At the K3 widths (8 tokens on the 8-token-block drafter, max_num_seqs 48, powers of two to
+#              512, --use-replayssm): no plugin x2 (capture crash), the plugin x3 and `vllm serve` with the
+#              plugin x2 (two streamed completions), no plugin on the pre-flight's workaround grid x2, vLLM
+#              with upstream/presize-staging-buffers.patch x1; the 5- and 7-token-block drafters at their
+#              own blocks (the first crashes stock, the second does not), no plugin and plugin x1 each.
+#                                                                                   2 calls of ~9.5 min
+#   k3-decode  decode tokens/s on that deployment under vLLM's own order: the plugin against the workaround
+#              grid, then against the patched vLLM, ABAB, N=3 per pair, batches 1 and 16.  about 8 min
 #   decode     steady-state decode tokens/s, vanilla vs plugin under the default order, batch 1 and 64,
 #              Qwen3-0.6B on GPU 0 and Qwen3-8B on GPU 1, N=3 ABBA.                    about 5 min
 set -uo pipefail
-stage=${1:?usage: bash benchmarks/gpu/session.sh kda|kda-dense|k3-control|kda-fault|k3|tp|pp-eagle3|parallel|decode|eagle3|ray}
+stage=${1:?usage: bash benchmarks/gpu/session.sh kda|kda-dense|k3-control|kda-fault|k3|k3-deploy|k3-decode|tp|pp-eagle3|parallel|decode|eagle3|ray}
 here=$(cd "$(dirname "$0")" && pwd)
 cd "$here/../.."
 root=$(pwd)
@@ -159,6 +170,17 @@ $wa=vanilla$d+kda-log*2,$wa=vanilla$d+kda-log+vllm-kdafix*2,$k3=plugin$d+vllm-pr
           --fill-to 1 "${four[@]}" --plan "vanilla$d,$wa=vanilla$d+vllm-kdafix"
     study --models "$k3,$w4" --traffic join --fill-to 1 "${four[@]}" --plan "$k3=vanilla$d*2,$w4=vanilla$d"
     (( $(left) > 120 )) && memcheck ;;
+  k3-deploy)
+    m=kimi-k3-mxfp4-dspark8; b5=kimi-k3-mxfp4-dspark5; b7=kimi-k3-mxfp4-dspark7; d=@descending
+    two=(--concurrent 2 --per-gpu 2 --gpu-mem 0.47 --boot-timeout 480)
+    study --models "$m,$m-workaround,$b5,$b7" --traffic join --fill-to 1 "${two[@]}" --serve-plan "$m=plugin$d*2" \
+          --plan "$m=plugin$d*3,$m=vanilla$d*2,$m-workaround=vanilla$d*2,$m=vanilla$d+vllm-presize,\
+$b5=vanilla$d,$b5=plugin$d,$b7=vanilla$d,$b7=plugin$d" ;;
+  k3-decode)
+    m=kimi-k3-mxfp4-dspark8; t=$(left)
+    timeout "$((t - 15))" $py benchmarks/decode_bench.py run --out "$work" --deadline "$((t - 60))" "${extra[@]}" \
+      --engines "$m=plugin,$m-workaround=vanilla,$m=vanilla+vllm-presize" --gpu-mem 0.47 --boot-timeout 480 \
+      --batches 1,16 --reps 3 --max-tokens 128 ;;
   tp)
     study --models qwen3-0.6b --tp 2 --plan "$asc_desc" --fill-to 1 --serve-plan plugin@ascending ;;
   pp-eagle3)
@@ -197,7 +219,7 @@ $wa=vanilla$d+kda-log*2,$wa=vanilla$d+kda-log+vllm-kdafix*2,$k3=plugin$d+vllm-pr
 esac
 
 cd "$work"
-if [[ $stage == decode ]]; then
+if [[ $stage == decode || $stage == k3-decode ]]; then
   $py "$root/benchmarks/decode_bench.py" summarize . > summary.md 2>&1
   keep=(decode.json receipts); logs=engines; trimmed=(engines/*/engine.trim.log)
 else

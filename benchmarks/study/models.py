@@ -111,6 +111,35 @@ POWERS_TO_512 = [*POWERS_TO_256, 512]
 DRAFT = "@DRAFT@"  # replaced by the draft's folder
 
 
+def _shipped(folder: str) -> dict[str, Any]:
+    """A config-only folder under tests/data, as shipped (the GPU run boots exactly what `check` reads)."""
+    path = Path(__file__).resolve().parents[2] / "tests/data" / folder / "config.json"
+    config: dict[str, Any] = json.loads(path.read_text())
+    return config
+
+
+# Kimi-K3 as deployed, on the shipped cut: tests/data/kimi-k3-4l as it is (hidden 7168, 96 heads, 896 routed
+# experts in MXFP4, about 54 GiB of weights) with a config-only K3 DSpark drafter from tests/data
+# (kimi-k3-dspark-b8: 5 MLA layers, 4 taps, 8-token blocks; -b5: 3 layers, 3 taps; -b7: 5 layers, 4 taps).
+# The drafter's taps make vLLM stage one aux_hidden_states buffer each beside hidden_states. Two such boots
+# share one H200 (gpu_memory_utilization 0.47 each); max_num_batched_tokens 2048 keeps the memory
+# profiler's activation peak small beside the weights (it does not change the capture plan: `check` gives
+# the same descriptors with and without it).
+K3_MXFP4 = _shipped("kimi-k3-4l")
+K3_DSPARK = {f"b{b}": _shipped(f"kimi-k3-dspark-b{b}") for b in (5, 7, 8)}
+
+
+def _dspark(tokens: int | None, grid: list[int]) -> dict[str, Any]:
+    """The K3 deployment settings with a DSpark drafter: ``tokens`` speculative tokens (None: vLLM takes
+    the drafter's block size), --use-replayssm, max_num_seqs 48, an explicit grid."""
+    spec: dict[str, Any] = {"method": "dspark", "model": DRAFT}
+    if tokens is not None:
+        spec["num_speculative_tokens"] = tokens
+    return {"speculative_config": spec, "use_replayssm": True, "max_num_seqs": 48,
+            "max_num_batched_tokens": 2048,
+            "compilation_config": {"cudagraph_capture_sizes": grid}}  # fmt: skip
+
+
 @dataclasses.dataclass(frozen=True)
 class ModelSpec:
     """A config-only model folder plus the engine arguments and variables it is booted with; ``label``
@@ -184,6 +213,38 @@ MODELS: dict[str, ModelSpec] = {
         {k: v for k, v in KIMI_K3_WIDTHS.items() if k != "use_replayssm"},
         env=KIMI_ENV,
         label="n-gram 8 without --use-replayssm",
+    ),
+    # Kimi-K3 as deployed (MXFP4 experts at K3's widths, a DSpark drafter): 8 tokens on the 8-token-block
+    # drafter, powers of two to 512: PIECEWISE 256 ... 1, FULL 261 ... 9 (stock crashes (256) vs (261));
+    # the pre-flight's workaround grid (+261); the 5-token-block drafter at its own block (FULL 258 > 256:
+    # stock crashes (256) vs (258)) and the 7-token one (FULL 256: stock boots), both chosen with `check`.
+    "kimi-k3-mxfp4-dspark8": ModelSpec(
+        K3_MXFP4,
+        _dspark(8, POWERS_TO_512),
+        env=KIMI_ENV,
+        draft=K3_DSPARK["b8"],
+        label="K3 MXFP4, DSpark block 8, 8 tokens, powers of two to 512",
+    ),
+    "kimi-k3-mxfp4-dspark8-workaround": ModelSpec(
+        K3_MXFP4,
+        _dspark(8, [*POWERS_TO_256, 261, 512]),
+        env=KIMI_ENV,
+        draft=K3_DSPARK["b8"],
+        label="K3 MXFP4, DSpark block 8, workaround grid (+261)",
+    ),
+    "kimi-k3-mxfp4-dspark5": ModelSpec(
+        K3_MXFP4,
+        _dspark(None, POWERS_TO_512),
+        env=KIMI_ENV,
+        draft=K3_DSPARK["b5"],
+        label="K3 MXFP4, DSpark block 5 (5 tokens), powers of two to 512",
+    ),
+    "kimi-k3-mxfp4-dspark7": ModelSpec(
+        K3_MXFP4,
+        _dspark(None, POWERS_TO_512),
+        env=KIMI_ENV,
+        draft=K3_DSPARK["b7"],
+        label="K3 MXFP4, DSpark block 7 (7 tokens), powers of two to 512",
     ),
     # aux_hidden_states; FULL descriptors are multiples of 3, PIECEWISE go up to 512.
     "qwen3-0.6b-eagle3": ModelSpec(
