@@ -193,6 +193,7 @@ def run_pairs(args: argparse.Namespace, out: Path) -> int:
         for other in drivers[1:]:
             if base.ready is None or time.monotonic() - began > args.deadline:
                 break
+            held = scheduler.gpu_used_mib(0) or 0  # the baseline's memory alone
             try:
                 _boot_gpu([other], out, args)
                 if other.ready is not None:
@@ -205,6 +206,9 @@ def run_pairs(args: argparse.Namespace, out: Path) -> int:
                     ]
             finally:
                 other.stop()
+                # the next engine loads only once this one's memory is back (else it can run out of
+                # memory while loading its weights beside the baseline)
+                scheduler.wait_for_gpu_memory([0], limit_mib=held + 2048)
                 boots.append(_boot_record(other, out))
                 _save(out, args, [*boots, _boot_record(base, out)], calls)
     finally:

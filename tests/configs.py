@@ -35,7 +35,12 @@ KIMI_CRASH = [  # the small recover-SSM configuration: n-gram 2 tokens, 4 sequen
 ]  # fmt: skip
 K3_4_LAYERS = Path(__file__).parent / "data" / "kimi-k3-4l"  # Kimi-K3's published structure, 4 layers
 K3: dict[str, Any] = json.loads((K3_4_LAYERS / "config.json").read_text())
-ARCHITECTURES = sorted({a for c in (QWEN3_0_6B, KIMI_LINEAR_4_LAYERS, K3) for a in c["architectures"]})
+# Config-only K3 DSpark drafters (tests/data/kimi-k3-dspark-bN/README.md): N is the block size
+K3_DRAFTERS = {b: Path(__file__).parent / "data" / f"kimi-k3-dspark-b{b}" for b in (5, 7, 8)}
+_DRAFTER_CONFIGS = [json.loads((path / "config.json").read_text()) for path in K3_DRAFTERS.values()]
+ARCHITECTURES = sorted(
+    {a for c in (QWEN3_0_6B, KIMI_LINEAR_4_LAYERS, K3, *_DRAFTER_CONFIGS) for a in c["architectures"]}
+)
 
 
 def model_folder(root: Path, config: dict[str, Any]) -> str:
