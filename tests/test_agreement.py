@@ -302,3 +302,36 @@ def test_data_parallel_engines_agree_only_where_coupled(dp_tp_runs: list[dict[st
             assert not inner["ok"] and "ranks [1]: STAGING_PLUGIN_ORDER=shuffle:1" in inner["error"]
         else:
             assert inner["ok"] and inner["agreed"] == 2, inner
+
+
+# ---- TP=8, one engine: eight processes, as Kimi-K3 is served (every rank captures its own graphs) -----
+
+TP8_SCENARIOS = [  # the K3 engine's eight ranks: agreeing, and one rank given another order
+    ("tp8", ["ascending"] * 8, False, 0.0, 30.0),
+    ("tp8-split", ["ascending"] * 7 + ["max-first"], False, 0.0, 30.0),
+]
+
+
+@pytest.fixture(scope="module")
+def tp8_runs() -> list[dict[str, Any]]:
+    pytest.importorskip("vllm.v1.worker.gpu.cudagraph_utils")
+    base = {k: v for k, v in os.environ.items() if not k.startswith("STAGING_PLUGIN")}
+    base |= {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), "TP": "8", "DP": "1",
+             "SCENARIOS": json.dumps(TP8_SCENARIOS)}  # fmt: skip
+    preload = ["torch.distributed", "vllm.v1.worker.gpu.cudagraph_utils"]
+    return fork_together("agreement_rank", [base | {"RANK": str(rank)} for rank in range(8)], preload)
+
+
+@pytest.mark.contract
+@pytest.mark.subprocess
+def test_eight_tensor_parallel_ranks_agree_or_all_fail_naming_the_odd_one(
+    tp8_runs: list[dict[str, Any]],
+) -> None:
+    for runs in tp8_runs:
+        agreed = runs["tp8"]
+        assert agreed["ok"] and agreed["agreed"] == 8, agreed
+        assert agreed["forwards"][:5] == [1, 2, 4, 8, 16]  # every rank captured in the chosen order
+        split = runs["tp8-split"]  # one rank of eight misconfigured: every rank fails before capturing
+        assert not split["ok"] and split["error"].startswith("AgreementError: ") and split["forwards"] == []
+        assert "ranks [0, 1, 2, 3, 4, 5, 6]: STAGING_PLUGIN_ORDER=ascending" in split["error"]
+        assert "ranks [7]: STAGING_PLUGIN_ORDER=max-first" in split["error"]

@@ -120,3 +120,21 @@ def test_the_k3_gpu_stages_dry_run_on_any_machine(tmp_path: Path) -> None:
     engines = [line.split()[0] for line in decode.stdout.splitlines() if line.startswith("kimi-k3-mxfp4")]
     assert engines == ["kimi-k3-mxfp4-dspark8-plugin", "kimi-k3-mxfp4-dspark8-workaround-vanilla",
                        "kimi-k3-mxfp4-dspark8-vanilla-vllm-presize"]  # fmt: skip
+
+
+def test_the_k3_tensor_parallel_stage_dry_runs_at_the_machines_gpu_count(tmp_path: Path) -> None:
+    """``DRY_RUN=1 session.sh k3-tp`` (no GPU here: the dry run's two) plans every boot at tensor parallel
+    = the GPU count, the `vllm serve` boots with ``--tensor-parallel-size`` among them."""
+    env = os.environ | {"DRY_RUN": "1", "PYTHON": sys.executable, "OUT": str(tmp_path)}
+    run = subprocess.run(["bash", "benchmarks/gpu/session.sh", "k3-tp"], cwd=ROOT, env=env,
+                         capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert run.returncode == 0, run.stderr
+    lines = [line for line in run.stdout.splitlines() if line.startswith("would boot")]
+    booted = [line.split()[2] for line in lines]
+    assert len(booted) == 8 and all("-tp2-" in b for b in booted)
+    assert sum(b.endswith("serve-join-descending-plugin") for b in booted) == 2
+    assert sum(b.endswith("llm-join-descending-plugin") for b in booted) == 3
+    assert sum(b.endswith("llm-join-descending-vanilla") for b in booted) == 3  # 2 stock + 1 workaround
+    for line in lines:
+        kwargs = json.loads(line.split(" ", 4)[4].rsplit(" env=", 1)[0])
+        assert kwargs["tensor_parallel_size"] == 2 and kwargs["speculative_config"]["method"] == "dspark"

@@ -1,6 +1,7 @@
-"""One rank of four (data-parallel 2 x tensor-parallel 2) of tests/test_agreement.py, forked together with
-the others (children/fork_driver.py): one real gloo group, the real manager on CPU, each scenario of
-``SCENARIOS`` (JSON: name, order per rank, MoE, how late engine 1 comes, the agreement's wait bound)."""
+"""One rank of tests/test_agreement.py's layouts (``DP`` data-parallel engines of ``TP`` tensor-parallel
+ranks each; default 2 x 2), forked together with the others (children/fork_driver.py): one real gloo
+group, the real manager on CPU, each scenario of ``SCENARIOS`` (JSON: name, order per rank, MoE, how late
+engine 1 comes, the agreement's wait bound)."""
 
 from __future__ import annotations
 
@@ -22,13 +23,14 @@ from vllm_staging_plugin._offline import cpu_replay, seams
 
 def main() -> None:
     rank = int(os.environ["RANK"])
+    tp, dp = int(os.environ.get("TP", "2")), int(os.environ.get("DP", "2"))
     seams.cudagraph_module()  # vLLM's module is imported: each register() below patches at once
     # Each scenario registers the plugin again; the store counts each rank's agreement rounds across them.
-    dist.init_process_group("gloo", rank=rank, world_size=4, timeout=timedelta(seconds=120))
+    dist.init_process_group("gloo", rank=rank, world_size=tp * dp, timeout=timedelta(seconds=120))
     store = dist.distributed_c10d._get_default_store()
     cfg = cpu_replay.ReplayConfig(sizes=(1, 2, 4, 8, 16), max_num_seqs=16, hidden_size=64,
-                                  tensor_parallel_size=2, data_parallel_size=2)  # fmt: skip
-    engine = rank // 2  # vLLM's layout: DP engine 0 holds ranks 0-1, engine 1 ranks 2-3
+                                  tensor_parallel_size=tp, data_parallel_size=dp)  # fmt: skip
+    engine = rank // tp  # vLLM's layout: DP engine 0 holds ranks 0 .. tp - 1, engine 1 the next tp
     log: list[str] = []
     handler = logging.Handler()
     handler.emit = lambda record: log.append(record.getMessage())  # type: ignore[method-assign]
