@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import sys
+import types
 from importlib import metadata
 from types import SimpleNamespace
 from typing import Any
@@ -54,7 +56,8 @@ def test_trailing_init_parameters_are_accepted() -> None:
 
 
 def _manager(**state: Any) -> Any:
-    return SimpleNamespace(**({"_capture_descs": {}, "hidden_states": None, "aux_hidden_states": []} | state))
+    initial = {"_capture_descs": {}, "graphs": {}, "hidden_states": None, "aux_hidden_states": []}
+    return SimpleNamespace(**(initial | state))
 
 
 def test_check_manager_accepts_vllms_initial_state_with_or_without_intermediate_tensors() -> None:
@@ -76,14 +79,15 @@ def test_check_manager_accepts_vllms_initial_state_with_or_without_intermediate_
             "capture descriptors for FULL have no integer num_tokens",
         ),
         (
-            SimpleNamespace(_capture_descs={}, aux_hidden_states=[]),
+            SimpleNamespace(_capture_descs={}, graphs={}, aux_hidden_states=[]),
             "ModelCudaGraphManager.hidden_states is not set by __init__",
         ),
         (
-            SimpleNamespace(_capture_descs={}, hidden_states=None),
+            SimpleNamespace(_capture_descs={}, graphs={}, hidden_states=None),
             "ModelCudaGraphManager.aux_hidden_states is not set by __init__",
         ),
         (_manager(aux_hidden_states=()), "ModelCudaGraphManager.aux_hidden_states starts as (), expected []"),
+        (_manager(graphs=None), "ModelCudaGraphManager.graphs is missing or not a dict"),
         (
             _manager(intermediate_tensors=0),
             "ModelCudaGraphManager.intermediate_tensors starts as 0, expected None",
@@ -97,6 +101,7 @@ def test_check_manager_accepts_vllms_initial_state_with_or_without_intermediate_
         "no hidden_states",
         "no aux_hidden_states",
         "aux a tuple",
+        "no graphs dict",
         "intermediate_tensors set",
     ],
 )
@@ -140,3 +145,40 @@ def test_installed_versions(monkeypatch: pytest.MonkeyPatch) -> None:
 
     monkeypatch.setattr(metadata, "version", missing)
     assert compat.installed_versions() == {"vllm": None, "torch": None}
+
+
+# ---- the profiling pass's mark: 0.29.0-0.33.0, upstream main, a release without a profiling capture ----
+# Upstream main's shape as read at vllm-project/vllm@9fa4eff36cecfe0949927f31043a9871cffb5e20,
+# vllm/v1/worker/gpu/cudagraph_utils.py: CudaGraphManager.__init__ sets ``self._sample_full_descs = False``
+# (no ``_max_full_descs_to_capture``); profile_cudagraph_memory sets it True for the profiling capture.
+
+
+@pytest.mark.parametrize(
+    ("state", "module_has_profiling", "expected"),
+    [
+        ({"_max_full_descs_to_capture": None}, True, False),  # 0.29.0-0.33.0, the real capture
+        ({"_max_full_descs_to_capture": 2}, True, True),  # 0.29.0-0.33.0, vLLM's profiling capture
+        ({"_sample_full_descs": False}, True, False),  # upstream main, the real capture
+        ({"_sample_full_descs": True}, True, True),  # upstream main, the profiling capture
+        ({}, False, False),  # no profile_cudagraph_memory in the module: no profiling capture at all
+        ({}, True, None),  # profiling exists but is marked some other way: cannot tell
+        ({"_sample_full_descs": 1}, True, None),  # not main's bool: not recognized either
+    ],
+    ids=[
+        "0.33-capture",
+        "0.33-profiling",
+        "main-capture",
+        "main-profiling",
+        "no-profiling",
+        "unknown",
+        "not-a-bool",
+    ],
+)
+def test_the_profiling_pass_is_recognized_in_each_shape(
+    monkeypatch: pytest.MonkeyPatch, state: dict[str, Any], module_has_profiling: bool, expected: bool | None
+) -> None:
+    module = types.ModuleType(compat.CUDAGRAPH_MODULE)
+    if module_has_profiling:
+        module.profile_cudagraph_memory = lambda runner: 0  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, compat.CUDAGRAPH_MODULE, module)
+    assert compat.profiling_pass(SimpleNamespace(**state)) is expected

@@ -17,6 +17,7 @@ from typing import Any, TypeVar
 import torch
 
 from .. import __version__
+from . import compat
 from .compat import installed_versions
 from .receipts import SCHEMA, Receipt, ReceiptStart, write_receipt
 from .settings import DEFAULT_ORDER
@@ -110,7 +111,7 @@ def _finish(
 ) -> Receipt:
     captured = manager._capture_descs  # this capture's lists, in the order it ran them
     sequence = capture_sequence(captured)
-    limit = getattr(manager, "_max_full_descs_to_capture", None)
+    limit = getattr(manager, compat.PROFILING_LIMIT, None)  # main samples otherwise: recorded as captured
     if profiling and limit is not None and "FULL" in sequence:
         sequence["FULL"] = sequence["FULL"][:limit]
     free_after = _free_memory()

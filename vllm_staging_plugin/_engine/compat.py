@@ -35,6 +35,17 @@ OPTIONAL_STAGING = frozenset({"intermediate_tensors"})
 SUPPORTED_PLATFORMS = ("cuda", "rocm", "cpu", "unspecified")
 
 
+# What the engine reads on a manager beside what it wraps (patch.py's registry lists each read): the
+# profiling pass's mark. 0.29.0-0.33.0: ``_max_full_descs_to_capture``, an int during vLLM's
+# memory-profiling capture and None otherwise. Upstream main after vllm-project/vllm#51700 (read at
+# vllm-project/vllm@9fa4eff36cecfe0949927f31043a9871cffb5e20, vllm/v1/worker/gpu/cudagraph_utils.py):
+# ``_sample_full_descs``, a bool, True during that capture. A release whose module has no
+# ``profile_cudagraph_memory`` (0.18.0-0.28.x measure no graph memory) has no profiling capture.
+PROFILING_LIMIT = "_max_full_descs_to_capture"
+PROFILING_SAMPLE = "_sample_full_descs"
+PROFILING_ENTRY = "profile_cudagraph_memory"
+
+
 class IncompatibleVllm(RuntimeError):
     """The installed vLLM lacks the structure the patch relies on."""
 
@@ -64,6 +75,8 @@ def check_manager(manager: Any) -> None:
     for mode, items in descs.items():
         if not all(isinstance(getattr(d, "num_tokens", None), int) for d in items):
             raise IncompatibleVllm(f"capture descriptors for {mode} have no integer num_tokens")
+    if not isinstance(getattr(manager, "graphs", None), Mapping):  # staging.py reads it before growing
+        raise IncompatibleVllm(f"{MANAGER_CLASS}.graphs is missing or not a dict")
     state = vars(manager)
     for name, initial in STAGING_INITIAL.items():
         if name not in state:
@@ -101,3 +114,19 @@ def installed_versions() -> dict[str, str | None]:
         except PackageNotFoundError:
             found[dist] = None
     return found
+
+
+def profiling_pass(manager: Any) -> bool | None:
+    """Whether this capture is vLLM's memory-profiling pass, which samples the largest FULL graphs and
+    must keep vLLM's order; None when this vLLM marks it in no way the plugin knows."""
+    import sys
+
+    state = vars(manager)
+    if PROFILING_LIMIT in state:
+        return state[PROFILING_LIMIT] is not None
+    if isinstance(state.get(PROFILING_SAMPLE), bool):
+        return bool(state[PROFILING_SAMPLE])
+    module = sys.modules.get(CUDAGRAPH_MODULE)
+    if module is not None and not hasattr(module, PROFILING_ENTRY):
+        return False  # no profiling capture in this release
+    return None

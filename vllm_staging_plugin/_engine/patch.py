@@ -28,6 +28,12 @@ Patch registry (vllm-ascend's fields; :class:`~.installer.Installer` applies and
     leave vLLM's staging alone (the order knob keeps working). A capture whose first descriptor is the
     largest cannot tell the two apart: there the slot keeps vLLM's own tensor, as on stock vLLM.
     Upstream PR: as above. Removal: as above; the order knob would then need an upstream hook.
+Read on each manager, not wrapped (:mod:`.compat` names each; the structure check and the contract tests
+pin them): ``_capture_descs`` and the three staging attributes (checked after ``__init__``); the
+profiling pass's mark (``_max_full_descs_to_capture`` on 0.29.0-0.33.0, ``_sample_full_descs`` on
+upstream main; :func:`.compat.profiling_pass`: an unrecognized mark keeps vLLM's order with one warning);
+``graphs`` (a dict, checked after ``__init__``; :mod:`.staging` never replaces a buffer once a graph
+recorded it); ``pool`` and ``is_last_pp_rank`` (receipts only, read with defaults).
 ``vllm.v1.worker.gpu_model_runner.GPUModelRunner.__init__`` (wrapped, :mod:`.runner_guard`)
     Why: on the V1 runner there is no manager and the plugin would be silently inactive.
     How: one warning (strict: an error); unwrapped as soon as a V2 manager is built.
@@ -93,6 +99,7 @@ class ManagerPatch:
         self.refused = False  # the one "inactive" warning of this process was given
         self.announced = False  # the first manager is logged at INFO, later ones at DEBUG
         self.vllm_presizes = False  # seen: vLLM's own staging already holds the largest descriptor
+        self.order_refused = False  # the one "order not applied" warning of this process was given
         self.foreign: list[str] = []
         self._agreement: Agreement | None = None
         self._views: dict[tuple[type, tuple[str, ...]], type] = {}
@@ -220,7 +227,10 @@ class ManagerPatch:
             presizing = state.capacity is not None and not self.vllm_presizes
             if presizing:
                 ensure_capacity(manager, state)
-            profiling = getattr(manager, "_max_full_descs_to_capture", None) is not None
+            marked = compat.profiling_pass(manager)
+            profiling = marked is not False
+            if marked is None and settings.order != DEFAULT_ORDER:
+                self._unknown_profiling_mark()  # vLLM's order kept, pre-sizing goes on
             ordered = None  # this capture's descriptors in policy order; vLLM's own when None
             if not profiling and settings.order != DEFAULT_ORDER:  # profiling keeps vLLM's order
                 ordered = self._policies().reordered(settings, manager._capture_descs)
@@ -244,6 +254,27 @@ class ManagerPatch:
                         self._stand_down()
 
         return capture
+
+    def _unknown_profiling_mark(self) -> None:
+        """This vLLM marks its memory-profiling capture in no way the plugin knows: a reordered sample
+        would under-reserve graph memory, so every capture keeps vLLM's order (strict mode: an error)."""
+        reason = (
+            f"this vLLM's manager has neither {compat.PROFILING_LIMIT} nor {compat.PROFILING_SAMPLE}, so "
+            "the memory-profiling capture cannot be told from the real one"
+        )
+        if self.settings.strict:
+            raise compat.IncompatibleVllm(f"vllm-staging-plugin (strict mode): {reason}")
+        if self.order_refused:
+            return
+        self.order_refused = True
+        logger.warning(
+            "vllm-staging-plugin: %s; %s=%s is NOT applied (vLLM's own order); the staging buffers are "
+            "still pre-sized. Set %s=1 to fail instead.",
+            reason,
+            ENV_ORDER,
+            self.settings.order,
+            ENV_STRICT,
+        )
 
     def _stand_down(self) -> None:
         if self.vllm_presizes:
