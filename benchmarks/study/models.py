@@ -152,6 +152,12 @@ class ModelSpec:
     label: str = ""
 
 
+def _k3_deployed(block: int, tokens: int | None, grid: list[int], what: str) -> ModelSpec:
+    """The shipped MXFP4 cut with the block-``block`` DSpark drafter at ``tokens`` (None: its block)."""
+    return ModelSpec(K3_MXFP4, _dspark(tokens, grid), env=KIMI_ENV, draft=K3_DSPARK[f"b{block}"],
+                     label=f"K3 MXFP4, DSpark block {block}{what}")  # fmt: skip
+
+
 def _without_grid(engine: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in engine.items() if k != "compilation_config"}
 
@@ -174,7 +180,7 @@ MODELS: dict[str, ModelSpec] = {
     # The K3 widths with the pre-flight's verified workaround (`check` adds 261 to the grid: PIECEWISE 261
     # is captured first): stock boots it, so vanilla here is the control at the K3 widths.
     "kimi-linear-4l-dense-k3-workaround": ModelSpec(
-        KIMI_LINEAR_DENSE, K3_WORKAROUND, env=KIMI_ENV, label="workaround grid (+261)"
+        KIMI_LINEAR_DENSE, K3_WORKAROUND, env=KIMI_ENV, label=", workaround grid (+261)"
     ),
     # The K3 widths with no grid given (no -cc): vLLM derives its own capture sizes; the second control
     # at the K3 widths without the plugin.
@@ -218,34 +224,12 @@ MODELS: dict[str, ModelSpec] = {
     # drafter, powers of two to 512: PIECEWISE 256 ... 1, FULL 261 ... 9 (stock crashes (256) vs (261));
     # the pre-flight's workaround grid (+261); the 5-token-block drafter at its own block (FULL 258 > 256:
     # stock crashes (256) vs (258)) and the 7-token one (FULL 256: stock boots), both chosen with `check`.
-    "kimi-k3-mxfp4-dspark8": ModelSpec(
-        K3_MXFP4,
-        _dspark(8, POWERS_TO_512),
-        env=KIMI_ENV,
-        draft=K3_DSPARK["b8"],
-        label="K3 MXFP4, DSpark block 8, 8 tokens, powers of two to 512",
+    "kimi-k3-mxfp4-dspark8": _k3_deployed(8, 8, POWERS_TO_512, ", 8 tokens, powers of two to 512"),
+    "kimi-k3-mxfp4-dspark8-workaround": _k3_deployed(
+        8, 8, [*POWERS_TO_256, 261, 512], ", workaround grid (+261)"
     ),
-    "kimi-k3-mxfp4-dspark8-workaround": ModelSpec(
-        K3_MXFP4,
-        _dspark(8, [*POWERS_TO_256, 261, 512]),
-        env=KIMI_ENV,
-        draft=K3_DSPARK["b8"],
-        label="K3 MXFP4, DSpark block 8, workaround grid (+261)",
-    ),
-    "kimi-k3-mxfp4-dspark5": ModelSpec(
-        K3_MXFP4,
-        _dspark(None, POWERS_TO_512),
-        env=KIMI_ENV,
-        draft=K3_DSPARK["b5"],
-        label="K3 MXFP4, DSpark block 5 (5 tokens), powers of two to 512",
-    ),
-    "kimi-k3-mxfp4-dspark7": ModelSpec(
-        K3_MXFP4,
-        _dspark(None, POWERS_TO_512),
-        env=KIMI_ENV,
-        draft=K3_DSPARK["b7"],
-        label="K3 MXFP4, DSpark block 7 (7 tokens), powers of two to 512",
-    ),
+    "kimi-k3-mxfp4-dspark5": _k3_deployed(5, None, POWERS_TO_512, " (5 tokens), powers of two to 512"),
+    "kimi-k3-mxfp4-dspark7": _k3_deployed(7, None, POWERS_TO_512, " (7 tokens), powers of two to 512"),
     # aux_hidden_states; FULL descriptors are multiples of 3, PIECEWISE go up to 512.
     "qwen3-0.6b-eagle3": ModelSpec(
         QWEN3_06B,
