@@ -63,6 +63,10 @@
 #              with upstream/presize-staging-buffers.patch x1; the 5- and 7-token-block drafters at their
 #              own blocks (the first crashes stock, the second does not), no plugin and plugin x1 each.
 #                                                                                   2 calls of ~9.5 min
+#   k3-serve   the k3-deploy deployment on a fresh machine, `vllm serve` first: `vllm serve` with the plugin
+#              x2 (two streamed completions) beside no plugin x1 (capture crash), then the 5- and
+#              7-token-block drafters' no plugin and plugin x1 each; calling it again fills what is missing.
+#                                                                                   1-2 calls of ~9.5 min
 #   k3-tp      the same deployment (block 8, 8 tokens) at tensor parallel = every GPU of the machine (8,
 #              or 2 where only two are lent), one boot at a time on all GPUs: no plugin x2 (every rank
 #              crashes at capture), the plugin x3 and `vllm serve --tensor-parallel-size N` with the plugin
@@ -73,7 +77,7 @@
 #   decode     steady-state decode tokens/s, vanilla vs plugin under the default order, batch 1 and 64,
 #              Qwen3-0.6B on GPU 0 and Qwen3-8B on GPU 1, N=3 ABBA.                    about 5 min
 set -uo pipefail
-stage=${1:?usage: bash benchmarks/gpu/session.sh kda|kda-dense|k3-control|kda-fault|k3|k3-deploy|k3-tp|k3-decode|tp|pp-eagle3|parallel|decode|eagle3|ray}
+stage=${1:?usage: bash benchmarks/gpu/session.sh kda|kda-dense|k3-control|kda-fault|k3|k3-deploy|k3-serve|k3-tp|k3-decode|tp|pp-eagle3|parallel|decode|eagle3|ray}
 here=$(cd "$(dirname "$0")" && pwd)
 cd "$here/../.."
 root=$(pwd)
@@ -181,6 +185,12 @@ $wa=vanilla$d+kda-log*2,$wa=vanilla$d+kda-log+vllm-kdafix*2,$k3=plugin$d+vllm-pr
     study --models "$m,$m-workaround,$b5,$b7" --traffic join --fill-to 1 "${two[@]}" --serve-plan "$m=plugin$d*2" \
           --plan "$m=plugin$d*3,$m=vanilla$d*2,$m-workaround=vanilla$d*2,$m=vanilla$d+vllm-presize,\
 $b5=vanilla$d,$b5=plugin$d,$b7=vanilla$d,$b7=plugin$d" ;;
+  k3-serve)
+    m=kimi-k3-mxfp4-dspark8; b5=kimi-k3-mxfp4-dspark5; b7=kimi-k3-mxfp4-dspark7; d=@descending
+    two=(--concurrent 2 --per-gpu 2 --gpu-mem 0.47 --boot-timeout 480)
+    study --models "$m" --traffic join --fill-to 1 "${two[@]}" --serve-plan "$m=plugin$d*2" --plan "$m=vanilla$d"
+    study --models "$b5,$b7" --traffic join --fill-to 1 "${two[@]}" \
+          --plan "$b5=vanilla$d,$b5=plugin$d,$b7=vanilla$d,$b7=plugin$d" ;;
   k3-tp)
     n=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU'); (( n > 0 )) || n=2  # 2: the dry run's
     m=kimi-k3-mxfp4-dspark8; d=@descending
