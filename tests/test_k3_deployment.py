@@ -97,8 +97,8 @@ def test_the_k3_settings_page_is_what_check_answers_now() -> None:
 
 
 def test_the_k3_gpu_stages_dry_run_on_any_machine(tmp_path: Path) -> None:
-    """``DRY_RUN=1 session.sh k3-deploy`` lists the planned boots (nothing installed, no GPU); the decode
-    stage's engines are the deployment's three arms."""
+    """``DRY_RUN=1 session.sh k3-deploy`` lists the planned boots (nothing installed, no GPU); ``k3-serve``
+    plans its `vllm serve` boots first; the decode stage's engines are the deployment's three arms."""
     env = os.environ | {"DRY_RUN": "1", "PYTHON": sys.executable, "OUT": str(tmp_path)}
     deploy = subprocess.run(["bash", "benchmarks/gpu/session.sh", "k3-deploy"], cwd=ROOT, env=env,
                             capture_output=True, text=True, timeout=300)  # fmt: skip
@@ -114,6 +114,13 @@ def test_the_k3_gpu_stages_dry_run_on_any_machine(tmp_path: Path) -> None:
             kwargs = json.loads(line.split(" ", 4)[4].rsplit(" env=", 1)[0])
             assert kwargs["speculative_config"]["num_speculative_tokens"] == 8
             assert kwargs["use_replayssm"] is True and kwargs["max_num_seqs"] == 48
+    serve = subprocess.run(["bash", "benchmarks/gpu/session.sh", "k3-serve"], cwd=ROOT, env=env,
+                           capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert serve.returncode == 0, serve.stderr
+    first = [line.split()[2] for line in serve.stdout.splitlines() if line.startswith("would boot")][:3]
+    assert sorted(first) == sorted(["r0-kimi-k3-mxfp4-dspark8-llm-join-descending-vanilla",
+                                    "r0-kimi-k3-mxfp4-dspark8-serve-join-descending-plugin",
+                                    "r1-kimi-k3-mxfp4-dspark8-serve-join-descending-plugin"])  # fmt: skip
     decode = subprocess.run(["bash", "benchmarks/gpu/session.sh", "k3-decode"], cwd=ROOT, env=env,
                             capture_output=True, text=True, timeout=300)  # fmt: skip
     assert decode.returncode == 0, decode.stderr
