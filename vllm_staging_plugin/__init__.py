@@ -66,11 +66,36 @@ def unregister() -> None:
         installer.uninstall()
 
 
-def __getattr__(name: str) -> str:
-    """``__version__`` from the installed package's metadata (pyproject.toml is the one place it is
-    written), looked up only when asked: vLLM's processes never pay for it."""
-    if name == "__version__":
-        from importlib.metadata import version
+UNKNOWN_VERSION = "0+unknown"
+"""``__version__`` of a copy with neither install metadata nor a ``pyproject.toml`` beside it (a vendored
+copy): a valid version that says it is not known, so receipts and ``--version`` never fail for it."""
 
-        return version("vllm-staging-plugin")
+
+def __getattr__(name: str) -> str:
+    """``__version__``, looked up only when asked (vLLM's processes never pay for it): the installed
+    package's metadata, else the ``pyproject.toml`` of the source tree this package sits in (the source
+    on ``PYTHONPATH``), else :data:`UNKNOWN_VERSION`. pyproject.toml is the one place it is written."""
+    if name == "__version__":
+        from importlib.metadata import PackageNotFoundError, version
+
+        try:
+            return version("vllm-staging-plugin")
+        except PackageNotFoundError:
+            return _source_tree_version()
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def _source_tree_version() -> str:
+    """The version in ``../pyproject.toml`` when it is this project's, else :data:`UNKNOWN_VERSION`
+    (read by pattern: ``tomllib`` is not in Python 3.10)."""
+    import re
+    from pathlib import Path
+
+    try:
+        text = (Path(__file__).parent.parent / "pyproject.toml").read_text()
+    except (OSError, UnicodeDecodeError):
+        return UNKNOWN_VERSION
+    if not re.search(r'^name = "vllm-staging-plugin"$', text, re.M):
+        return UNKNOWN_VERSION
+    found = re.search(r'^version = "([^"]+)"$', text, re.M)
+    return found.group(1) if found else UNKNOWN_VERSION
