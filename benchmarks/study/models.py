@@ -180,7 +180,7 @@ MODELS: dict[str, ModelSpec] = {
     # The K3 widths with the pre-flight's verified workaround (`check` adds 261 to the grid: PIECEWISE 261
     # is captured first): stock boots it, so vanilla here is the control at the K3 widths.
     "kimi-linear-4l-dense-k3-workaround": ModelSpec(
-        KIMI_LINEAR_DENSE, K3_WORKAROUND, env=KIMI_ENV, label=", workaround grid (+261)"
+        KIMI_LINEAR_DENSE, K3_WORKAROUND, env=KIMI_ENV, label="workaround grid (+261)"
     ),
     # The K3 widths with no grid given (no -cc): vLLM derives its own capture sizes; the second control
     # at the K3 widths without the plugin.
