@@ -18,7 +18,6 @@ import torch
 
 from .. import __version__
 from . import compat
-from .compat import installed_versions
 from .receipts import SCHEMA, Receipt, ReceiptStart, write_receipt
 from .settings import DEFAULT_ORDER
 from .sizing import capture_sequence, staging_capacity
@@ -80,7 +79,7 @@ def _environment(manager: Any, state: ManagerState, profiling: bool) -> ReceiptS
     except Exception:
         hidden_size = None
     architectures = getattr(model, "architectures", None) or [None]
-    versions = installed_versions()
+    versions = compat.installed_versions()
     return {
         "schema": SCHEMA,
         "kind": "profiling" if profiling else "capture",

@@ -13,6 +13,7 @@ One place for the supported set and the reason for each boundary (see docs/compa
 from __future__ import annotations
 
 import inspect
+import sys
 from collections.abc import Mapping
 from types import ModuleType
 from typing import Any
@@ -119,8 +120,6 @@ def installed_versions() -> dict[str, str | None]:
 def profiling_pass(manager: Any) -> bool | None:
     """Whether this capture is vLLM's memory-profiling pass, which samples the largest FULL graphs and
     must keep vLLM's order; None when this vLLM marks it in no way the plugin knows."""
-    import sys
-
     state = vars(manager)
     if PROFILING_LIMIT in state:
         return state[PROFILING_LIMIT] is not None
