@@ -75,14 +75,14 @@ def model_inspection_cache(tmp_path_factory: pytest.TempPathFactory) -> list[str
 
 @pytest.fixture
 def kda_fixed_vllm(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> ModuleType:
-    """vLLM 0.33.0 with upstream/kda-spec-state-slots.patch: vLLM's kimi_gdn_linear_attn.py patched
+    """vLLM 0.33.0 with the bundled kda-spec-state-slots.patch: vLLM's kimi_gdn_linear_attn.py patched
     (``fakes.patched_copy``), and its layer class put where vLLM's Kimi model module finds it (undone after
     the test)."""
     from vllm.model_executor.custom_op import op_registry
     from vllm.model_executor.layers.mamba.gdn import kimi_gdn_linear_attn as stock
     from vllm.models.kimi_k3.nvidia import model
 
-    patch = Path(__file__).resolve().parents[1] / "upstream" / "kda-spec-state-slots.patch"
+    patch = Path(__file__).resolve().parents[1] / "vllm_staging_plugin/patches/kda-spec-state-slots.patch"
     monkeypatch.delitem(op_registry, stock.KimiGatedDeltaNetAttention.name)  # registered again by the copy
     module = patched_copy(stock, patch, tmp_path)
     monkeypatch.setitem(sys.modules, module.__name__, module)

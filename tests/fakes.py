@@ -141,8 +141,8 @@ def policy_order(order: str, mode: str, descriptors: Any) -> list[Any]:
 
 
 def patched_copy(stock: types.ModuleType, patch: Path, root: Path) -> types.ModuleType:
-    """``stock`` (a vLLM module) with an ``upstream/`` patch applied: its file copied under ``root`` at its
-    package path, ``patch -p1 --fuzz=0`` there, and executed as a new module of the same name (not put in
+    """``stock`` (a vLLM module) with a bundled patch applied: its file copied under ``root`` at its package
+    path, ``patch -p1 --fuzz=0`` there, and executed as a new module of the same name (not put in
     ``sys.modules``: the caller decides where vLLM finds it)."""
     target = root / Path(*stock.__name__.split(".")).with_suffix(".py")
     target.parent.mkdir(parents=True)

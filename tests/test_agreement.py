@@ -66,8 +66,8 @@ def test_the_disagreement_message_names_each_group_of_ranks_and_what_to_align() 
         "vllm-staging-plugin: ranks whose CUDA-graph captures share collectives would capture in different",
         "deadlock",
         "Set the same STAGING_PLUGIN_* variables on every node",
-        "docs/many-gpus.md):\n  ranks [0, 2]: STAGING_PLUGIN_ORDER=descending presize=on capacity=4 "
-        "descriptors=3 digest=aa first={'PIECEWISE': [4, 2, 1]}\n",
+        "in every worker's environment:\n  ranks [0, 2]: STAGING_PLUGIN_ORDER=descending presize=on "
+        "capacity=4 descriptors=3 digest=aa first={'PIECEWISE': [4, 2, 1]}\n",
         end="  ranks [1]: STAGING_PLUGIN_ORDER=ascending presize=on capacity=4 descriptors=3 digest=bb "
         "first={'PIECEWISE': [4, 2, 1]}",
     )

@@ -1,4 +1,4 @@
-"""The atlas library (``_offline/atlas/``): the summary's layout and verdict as pure functions; the
+"""The atlas library (``tools/atlas/``): the summary's layout and verdict as pure functions; the
 per-configuration replay against the installed vLLM's real manager on CPU; the widths search's cells; the
 driver's worker protocol and ordering; the overlay's pinned-package list."""
 
@@ -9,10 +9,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
-from vllm_staging_plugin._offline.atlas import replay, summary
-from vllm_staging_plugin._offline.atlas.condition import FAMILY
-from vllm_staging_plugin._offline.atlas.space import GRIDS, SEARCHES, replay_config
+from atlas import replay, summary
+from atlas.condition import FAMILY
+from atlas.space import GRIDS, SEARCHES, replay_config
 
 CLEAN: dict[str, Any] = {"plugin_failures": 0, "predicate_mismatches": 0}
 
@@ -81,7 +80,7 @@ def test_the_replay_of_one_configuration_is_vllms_own() -> None:
 
 
 def test_a_releases_pins_are_the_lines_whose_span_holds_it_and_a_bad_line_is_named(tmp_path: Path) -> None:
-    from vllm_staging_plugin._offline.atlas import overlay
+    from atlas import overlay
 
     sha = "0" * 64
     listed = tmp_path / "pins.txt"
@@ -105,7 +104,7 @@ def test_a_releases_pins_are_the_lines_whose_span_holds_it_and_a_bad_line_is_nam
 def test_the_driver_parses_a_workers_row_and_reports_a_worker_that_printed_none(tmp_path: Path) -> None:
     import sys
 
-    from vllm_staging_plugin._offline.atlas import driver
+    from atlas import driver
 
     def release_env(version: str) -> tuple[dict[str, str], dict[str, object], str]:
         verdict = "refused" if version == "0.17.1" else "supported"
@@ -128,7 +127,7 @@ def test_the_driver_parses_a_workers_row_and_reports_a_worker_that_printed_none(
 def test_the_driver_starts_full_searches_first_and_returns_rows_in_release_order() -> None:
     import threading
 
-    from vllm_staging_plugin._offline.atlas import driver
+    from atlas import driver
 
     started: list[str] = []
     lock = threading.Lock()
@@ -145,8 +144,8 @@ def test_the_driver_starts_full_searches_first_and_returns_rows_in_release_order
 
 
 def test_a_widths_cell_records_each_crashing_max_num_seqs_and_the_spotlight_keeps_its_plan() -> None:
-    from vllm_staging_plugin._offline.atlas import search
-    from vllm_staging_plugin._offline.atlas.space import SPOTLIGHT
+    from atlas import search
+    from atlas.space import SPOTLIGHT
 
     cells: dict[str, Any] = {}
     spotlight: dict[str, Any] = {}
@@ -171,7 +170,7 @@ def test_a_search_on_the_installed_vllm_counts_every_configuration_and_names_the
     """A tiny search (recover-SSM on and off at n-gram 2, 4 sequences, the derived grid and max 16) through
     ``run_search``: every configuration counted once, each stock crash in the family the condition names,
     the plugin booting them all, and the recorded example the smallest crash."""
-    from vllm_staging_plugin._offline.atlas import search, space
+    from atlas import search, space
 
     tiny = space.Search((4,), (2,), ("only",), modes=("FULL_AND_PIECEWISE",), max_grids=(16,), grids=(),
                         lora_and_dbo=False)  # fmt: skip
@@ -194,8 +193,9 @@ def test_the_sweep_reads_the_real_managers_descriptors_and_counts_what_disagrees
     """The widths sweep on the installed vLLM over max_num_seqs 1-12 at n-gram 1 and 2 on one operator grid:
     every family setting counted once, its cells the condition's sets (fixed widths: the reduced rule too),
     no mismatch; a condition that answers wrong is counted and shown, at most five examples."""
+    from atlas import condition, ranges, search, space
+
     from vllm_staging_plugin._offline import cpu_replay
-    from vllm_staging_plugin._offline.atlas import condition, ranges, search, space
 
     grid = "cc=[1,2,4,8,16]"
     tiny = space.Search((1,), (1, 2), ("only",), modes=("FULL_AND_PIECEWISE",), max_grids=(), grids=(grid,),
@@ -223,8 +223,9 @@ def test_the_sweep_reads_the_real_managers_descriptors_and_counts_what_disagrees
 
 
 def test_the_overlay_probe_gives_the_plugins_verdict_on_the_installed_vllm() -> None:
+    from atlas import probe
+
     from vllm_staging_plugin._engine import compat
-    from vllm_staging_plugin._offline.atlas import probe
 
     assert probe.verdict() == {
         "version": compat.installed_versions()["vllm"], "verdict": "supported", "why": "structure present",

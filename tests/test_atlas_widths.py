@@ -10,9 +10,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
-from vllm_staging_plugin._offline.atlas import condition, ranges, space
-from vllm_staging_plugin._offline.atlas import tables as atlas_tables
+from atlas import condition, ranges, space
+from atlas import tables as atlas_tables
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -25,7 +25,7 @@ from vllm_staging_plugin._offline.cpu_replay import ReplayConfig
 
 pytestmark = [pytest.mark.contract, pytest.mark.usefixtures("model_inspection_cache")]
 ROOT = Path(__file__).resolve().parents[1]
-PATCH = ROOT / "upstream" / "presize-staging-buffers.patch"
+PATCH = ROOT / "vllm_staging_plugin" / "patches" / "presize-staging-buffers.patch"
 K3 = ReplayConfig(  # Kimi-K3's widths: 8 speculative tokens, 48 sequences, powers of two, recover-SSM
     sizes=[1, 2, 4, 8, 16, 32, 64, 128, 256, 512], max_num_seqs=48, decode_query_len=9,
     hidden_size=64, use_kda_recoverssm=True,

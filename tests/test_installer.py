@@ -345,3 +345,99 @@ def test_version_without_install_metadata_comes_from_the_source_tree_or_says_unk
     from importlib.metadata import version
 
     assert versions == [version("vllm-staging-plugin"), vllm_staging_plugin.UNKNOWN_VERSION]
+
+
+def test_two_installers_hold_the_ray_prefix_until_the_last_one_uninstalls() -> None:
+    environ = {"STAGING_PLUGIN_ORDER": "ascending", RAY_PREFIXES_VARIABLE: "MYCO_"}
+    first = Installer(Settings(disabled=True), environ=environ)
+    second = Installer(Settings(disabled=True), environ=environ)
+    first.install()
+    second.install()  # already listed: added once, held twice
+    assert environ[RAY_PREFIXES_VARIABLE] == "MYCO_,STAGING_PLUGIN_"
+    first.uninstall()  # the second still needs it
+    assert environ[RAY_PREFIXES_VARIABLE] == "MYCO_,STAGING_PLUGIN_"
+    second.uninstall()
+    assert environ[RAY_PREFIXES_VARIABLE] == "MYCO_"
+    first.install()  # and the ledger starts over
+    assert environ[RAY_PREFIXES_VARIABLE] == "MYCO_,STAGING_PLUGIN_"
+    first.uninstall()
+    assert environ == {"STAGING_PLUGIN_ORDER": "ascending", RAY_PREFIXES_VARIABLE: "MYCO_"}
+
+
+def test_a_prefix_the_operator_listed_is_never_removed_by_any_installer() -> None:
+    environ = {"STAGING_PLUGIN_ORDER": "ascending", RAY_PREFIXES_VARIABLE: "STAGING_PLUGIN_"}
+    first = Installer(Settings(disabled=True), environ=environ)
+    second = Installer(Settings(disabled=True), environ=environ)
+    first.install()
+    second.install()
+    second.uninstall()
+    first.uninstall()
+    assert environ[RAY_PREFIXES_VARIABLE] == "STAGING_PLUGIN_"
+
+
+def test_installers_of_two_mappings_keep_separate_ledgers() -> None:
+    one, two = {"STAGING_PLUGIN_ORDER": "ascending"}, {"STAGING_PLUGIN_ORDER": "ascending"}
+    first, second = (
+        Installer(Settings(disabled=True), environ=one),
+        Installer(Settings(disabled=True), environ=two),
+    )
+    first.install()
+    second.install()
+    first.uninstall()
+    assert RAY_PREFIXES_VARIABLE not in one and two[RAY_PREFIXES_VARIABLE] == "STAGING_PLUGIN_"
+    second.uninstall()
+    assert RAY_PREFIXES_VARIABLE not in two
+
+
+def test_installers_uninstalled_out_of_order_leave_vllms_own_functions(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    cls = install_fake_module(monkeypatch).ModelCudaGraphManager
+    monkeypatch.setitem(sys.modules, V1_RUNNER_MODULE, make_module(fresh_class()))  # no V1 runner class
+    stock = {name: cls.__dict__[name] for name in ("__init__", "capture")}
+    first, second = Installer(Settings()), Installer(Settings())
+    first.install()
+    second.install()
+    first.uninstall()  # the second's wrappers sit on top: no other tool, no warning to give
+    assert first.patch is not None and first.patch.foreign == []
+    second.uninstall()
+    assert {name: cls.__dict__[name] for name in stock} == stock and not is_patched(cls)
+
+
+def test_a_manager_built_through_the_later_installer_releases_both_v1_hooks(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The later patch calls vLLM's __init__ directly, skipping the first's wrapper; the first installer
+    still learns that this worker runs V2 and takes its V1 hook off sys.meta_path."""
+    cls = install_fake_module(monkeypatch).ModelCudaGraphManager
+    monkeypatch.delitem(sys.modules, V1_RUNNER_MODULE, raising=False)
+    first, second = Installer(Settings()), Installer(Settings())
+    first.install()
+    second.install()
+    assert sorted(plugin_hooks()) == [V1_RUNNER_MODULE, V1_RUNNER_MODULE]
+    build(cls)
+    assert plugin_hooks() == []
+    second.uninstall()
+    first.uninstall()
+
+
+def test_a_v1_runner_built_through_the_later_guard_releases_both_patch_hooks(
+    monkeypatch: pytest.MonkeyPatch, plugin_log: Any
+) -> None:
+    from types import ModuleType
+
+    v1 = ModuleType(V1_RUNNER_MODULE)
+    runner = type("GPUModelRunner", (), {"__init__": lambda self: None, "__module__": V1_RUNNER_MODULE})
+    v1.GPUModelRunner = runner  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, V1_RUNNER_MODULE, v1)
+    monkeypatch.delitem(sys.modules, compat.CUDAGRAPH_MODULE, raising=False)
+    first, second = Installer(Settings()), Installer(Settings())
+    first.install()
+    second.install()
+    assert sorted(plugin_hooks()) == [compat.CUDAGRAPH_MODULE, compat.CUDAGRAPH_MODULE]
+    runner()
+    assert plugin_hooks() == []
+    assert len(plugin_log.warnings) == 1  # the guard on top warns; the one it skipped only lets go
+    second.uninstall()
+    first.uninstall()
+    assert runner.__dict__["__init__"] is not None and not hasattr(runner.__dict__["__init__"], "__wrapped__")

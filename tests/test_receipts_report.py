@@ -172,8 +172,20 @@ def test_cli_report_without_capture_receipts_exits_non_zero(case: str, tmp_path:
     }.get(case, f"no capture receipts in {target}")
     with pytest.raises(ReportError, match=expected):  # library callers get the exception ...
         report(target)
-    assert cli.main(["report", str(target)]) == 1  # ... the command one line on stderr and status 1
-    assert_says(capsys.readouterr().err.splitlines()[-1], f"vllm-staging-plugin report: {expected}")
+    code = 2 if case in ("missing", "a file") else 1  # no such folder: a bad argument, as the help says
+    assert cli.main(["report", str(target)]) == code  # ... the command one line on stderr and its status
+    (line,) = capsys.readouterr().err.splitlines()[-1:]
+    assert_says(line, f"vllm-staging-plugin report: {expected}")
+    if case in ("empty", "profiling only"):  # says how receipts are made
+        assert line.endswith(f"when it runs with the plugin and STAGING_PLUGIN_RECEIPTS_DIR={target}")
+
+
+def test_cli_report_names_the_folder_as_it_was_typed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: Any
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    assert cli.main(["report", "./nope"]) == 2
+    assert capsys.readouterr().err == "vllm-staging-plugin report: no such directory: ./nope\n"
 
 
 # ---- several ranks: one row per rank, each against its own rank's baseline --------------------------

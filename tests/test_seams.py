@@ -13,11 +13,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from atlas.releases import SUPPORTED, span
 from configs import K3_4_LAYERS, KIMI_LINEAR_4_LAYERS, NO_WEIGHTS, QWEN3_0_6B, model_folder
 from stable import assert_says
 
 from vllm_staging_plugin._offline import seams
-from vllm_staging_plugin._offline.atlas.releases import SUPPORTED, span
 from vllm_staging_plugin._offline.preflight import arguments, configure
 from vllm_staging_plugin._offline.preflight.platform import GPUS, platform_for_check
 

@@ -441,3 +441,76 @@ def test_a_tools_patch_loads_the_installed_policies_once() -> None:
     assert tool._policies() is registry
     given = PolicyRegistry([])
     assert ManagerPatch(Settings(order="ascending"), given)._policies() is given
+
+
+# ---- the profiling pass's mark ---------------------------------------------------------------------
+# upstream main (vllm/v1/worker/gpu/cudagraph_utils.py after vllm-project/vllm#51700): no
+# ``_max_full_descs_to_capture``; ``_sample_full_descs`` (a bool) is True only inside
+# ``profile_cudagraph_memory``'s capture. A manager with neither, on a module that has the profiling
+# entry point, cannot tell its passes apart.
+
+
+def in_mains_shape(manager: Any, sample: bool | None) -> Any:
+    del manager._max_full_descs_to_capture
+    if sample is not None:
+        manager._sample_full_descs = sample
+    return manager
+
+
+@pytest.mark.parametrize(("sample", "captured"), [(False, [1, 2, 4, 8, 1, 2]), (True, [8, 4, 2, 1, 2, 1])])
+def test_mains_mark_reorders_the_real_capture_only(
+    fake_module: Any, monkeypatch: pytest.MonkeyPatch, plugin_log: Any, sample: bool, captured: list[int]
+) -> None:
+    fake_module.profile_cudagraph_memory = lambda *a: None
+    monkeypatch.setenv("STAGING_PLUGIN_ORDER", "ascending")
+    vllm_staging_plugin.register()
+    manager = in_mains_shape(build(fake_module.ModelCudaGraphManager), sample)
+    assert manager.capture() == captured and manager.hidden_states.shape == (8, 8)
+    assert plugin_log.warnings == [] and not installed().patch.order_refused
+
+
+def test_an_unknown_mark_keeps_vllms_order_with_one_warning_and_still_presizes(
+    fake_module: Any, monkeypatch: pytest.MonkeyPatch, plugin_log: Any, mocker: Any
+) -> None:
+    fake_module.profile_cudagraph_memory = lambda *a: None
+    monkeypatch.setenv("STAGING_PLUGIN_ORDER", "ascending")
+    vllm_staging_plugin.register()
+    spy = mocker.spy(agreement.Agreement, "check_coupled_ranks")
+    cls = fake_module.ModelCudaGraphManager
+    first, second = (in_mains_shape(build(cls), None) for _ in range(2))
+    first._capture_descs[PIECEWISE].reverse()  # vLLM's own order starting small: pre-sizing still acts
+    assert first.capture() == [1, 2, 4, 8, 2, 1] and first.hidden_states.shape == (8, 8)
+    assert second.capture() == [8, 4, 2, 1, 2, 1]
+    (warning,) = plugin_log.warnings  # once per process
+    assert_says(
+        warning,
+        "vllm-staging-plugin: this vLLM's manager has neither _max_full_descs_to_capture nor "
+        "_sample_full_descs",
+        "STAGING_PLUGIN_ORDER=ascending is NOT applied",
+        "still pre-sized",
+        end="Set STAGING_PLUGIN_STRICT=1 to fail instead.",
+    )
+    assert installed().patch.order_refused and spy.call_count == 0  # nothing reordered: no rank check
+
+
+def test_an_unknown_mark_under_vllms_own_order_says_nothing(
+    fake_module: Any, monkeypatch: pytest.MonkeyPatch, plugin_log: Any
+) -> None:
+    fake_module.profile_cudagraph_memory = lambda *a: None
+    vllm_staging_plugin.register()
+    manager = in_mains_shape(build(fake_module.ModelCudaGraphManager), None)
+    assert manager.capture() == [8, 4, 2, 1, 2, 1]
+    assert plugin_log.warnings == [] and not installed().patch.order_refused
+
+
+def test_an_unknown_mark_in_strict_mode_stops_the_capture_before_it_starts(
+    fake_module: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    fake_module.profile_cudagraph_memory = lambda *a: None
+    monkeypatch.setenv("STAGING_PLUGIN_ORDER", "ascending")
+    monkeypatch.setenv("STAGING_PLUGIN_STRICT", "1")
+    vllm_staging_plugin.register()
+    manager = in_mains_shape(build(fake_module.ModelCudaGraphManager), None)
+    with pytest.raises(compat.IncompatibleVllm, match=r"^vllm-staging-plugin \(strict mode\): this vLLM's"):
+        manager.capture()
+    assert manager.hidden_states is None  # nothing captured

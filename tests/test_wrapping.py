@@ -105,3 +105,47 @@ def test_a_wrap_is_live_only_while_applied_and_restoring_twice_changes_nothing()
     assert wrap.restore() == [] and not wrap.live and Manager.__dict__["capture"] is vllms
     Manager.capture = lambda self: "someone else"  # type: ignore[method-assign]
     assert wrap.restore() == []  # not applied any more: nothing of ours to put back
+
+
+def test_restored_out_of_order_no_dead_plugin_layer_is_put_back() -> None:
+    """The first wrap is restored while a second sits on top: the second is no other tool, and its
+    restore puts back vLLM's own, not the first's dead layer."""
+    cls = type("Manager", (), {"capture": vllms})
+    first = ClassWrap(cls, ("capture",))
+    first.apply({"capture": layer(first.stock["capture"])})
+    second = ClassWrap(cls, ("capture",))
+    second_layer = layer(second.stock["capture"])
+    second.apply({"capture": second_layer})
+    assert first.restore() == [] and cls.__dict__["capture"] is second_layer
+    assert second.restore() == [] and cls.__dict__["capture"] is vllms
+
+
+def test_a_dead_layer_under_a_foreign_wrapper_stays_where_the_foreign_one_calls_it() -> None:
+    cls = type("Manager", (), {"capture": vllms})
+    first = ClassWrap(cls, ("capture",))
+    first_layer = layer(first.stock["capture"])
+    first.apply({"capture": first_layer})
+    theirs = foreign(first_layer)
+    cls.capture = theirs
+    assert first.restore() == ["Manager.capture"]
+    assert cls.__dict__["capture"] is theirs  # it still calls the (now pass-through) plugin layer
+
+
+def test_a_signal_reaches_the_live_layers_underneath_only() -> None:
+    heard: list[str] = []
+    cls = type("Manager", (), {"capture": vllms})
+    wraps: list[ClassWrap] = []
+    for i in (0, 1, 2):
+        wrap = ClassWrap(cls, ("capture",), signals={"capture": lambda i=i: heard.append(f"w{i}")})
+        wrap.apply({"capture": layer(wrap.stock["capture"])})
+        wraps.append(wrap)
+    wraps[2].signal("capture")
+    assert heard == ["w1", "w0"]  # underneath, nearest first; never the signalling wrap itself
+    heard.clear()
+    wraps[1].restore()
+    wraps[2].signal("capture")
+    assert heard == ["w0"]  # a restored layer is skipped, the live one below it still hears
+    heard.clear()
+    wraps[2].signal("other")  # a name the wraps do not hold: nothing
+    wraps[0].signal("capture")  # the bottom layer has nothing underneath
+    assert heard == []

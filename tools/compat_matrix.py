@@ -1,6 +1,6 @@
 """Run the contract tests against any list of vLLM releases on a machine without a GPU.
 
-For each release: build its overlay (vllm_staging_plugin/_offline/atlas/overlay.py: its Python files,
+For each release: build its overlay (tools/atlas/overlay.py: its Python files,
 without the compiled extensions, over the environment of .ci/setup, vLLM 0.33.0's dependency set with
 torch 2.13.0+cpu, plus its pinned packages), ask the plugin's own structure check whether it would
 patch, then run the release tests with that overlay first on PYTHONPATH:
@@ -24,8 +24,8 @@ import sys
 import time
 from pathlib import Path
 
-from vllm_staging_plugin._offline.atlas import overlay
-from vllm_staging_plugin._offline.atlas.releases import RELEASES
+from atlas import overlay
+from atlas.releases import RELEASES
 
 ROOT = Path(__file__).resolve().parents[1]
 CACHE = ROOT / ".cache" / "compat"

@@ -42,9 +42,9 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from vllm_staging_plugin._offline.atlas import driver, overlay, search, summary, tables
-from vllm_staging_plugin._offline.atlas.releases import SUPPORTED
-from vllm_staging_plugin._offline.atlas.space import SEARCHES
+from atlas import driver, overlay, search, summary, tables
+from atlas.releases import SUPPORTED
+from atlas.space import SEARCHES
 
 ROOT = Path(__file__).resolve().parents[1]
 CACHE = ROOT / ".cache" / "compat"  # shared with tools/compat_matrix.py

@@ -20,7 +20,7 @@ cp -rs "$site" "$tmp/vllm"
 rm "$tmp/vllm/$target"
 rm -f "$tmp/vllm/$(dirname "$target")/__pycache__/$(basename "$target" .py)".*.pyc
 cp "$site/$target" "$tmp/vllm/$target"
-patch -d "$tmp" -p1 --fuzz=0 --forward --batch --no-backup-if-mismatch <"upstream/$patch"
+patch -d "$tmp" -p1 --fuzz=0 --forward --batch --no-backup-if-mismatch <"vllm_staging_plugin/patches/$patch"
 
 export PYTHONPATH="$tmp${PYTHONPATH:+:$PYTHONPATH}" PYTHONDONTWRITEBYTECODE=1 VLLM_PLUGINS=none
 found=$("$python" -c 'import importlib.util as u; print(u.find_spec("vllm").origin)')

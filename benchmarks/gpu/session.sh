@@ -46,7 +46,7 @@
 #              weights) at the K3 widths: plugin x2, `vllm serve` with the plugin x1, no plugin on the
 #              workaround grid x2, vLLM with the staging patch x2 (and with the plugin x1: its stand-down
 #              line); the Kimi-Linear dense shape at the K3 widths on the workaround grid, no plugin:
-#              kernel arguments logged x2, on vLLM with upstream/kda-spec-state-slots.patch x2; the K3
+#              kernel arguments logged x2, on vLLM with vllm_staging_plugin/patches/kda-spec-state-slots.patch x2; the K3
 #              architecture at n-gram 4 / max_num_seqs 16 (plugin) and n-gram 7 / 48 (both arms) x1.
 #              (2) The padding control x2. (3) The token check: one request whose prompt repeats (n-gram
 #              drafts from the first step) without speculation, without --use-replayssm, with it (stock)
@@ -60,7 +60,7 @@
 #              At the K3 widths (8 tokens on the 8-token-block drafter, max_num_seqs 48, powers of two to
 #              512, --use-replayssm): no plugin x2 (capture crash), the plugin x3 and `vllm serve` with the
 #              plugin x2 (two streamed completions), no plugin on the pre-flight's workaround grid x2, vLLM
-#              with upstream/presize-staging-buffers.patch x1; the 5- and 7-token-block drafters at their
+#              with vllm_staging_plugin/patches/presize-staging-buffers.patch x1; the 5- and 7-token-block drafters at their
 #              own blocks (the first crashes stock, the second does not), no plugin and plugin x1 each.
 #                                                                                   2 calls of ~9.5 min
 #   k3-serve   the k3-deploy deployment on a fresh machine, `vllm serve` first: `vllm serve` with the plugin
@@ -106,7 +106,7 @@ patched_vllm() {  # NAME PATCH FILE (FILE relative to the vllm package)
   site=$($py -c 'import importlib.util as u; print(u.find_spec("vllm").submodule_search_locations[0])')
   mkdir -p "$dir" && cp -rs "$site" "$dir/vllm" && rm "$dir/vllm/$3" && cp "$site/$3" "$dir/vllm/$3"
   rm -f "$dir/vllm/$(dirname "$3")/__pycache__/$(basename "$3" .py)".*.pyc
-  patch -d "$dir" -p1 --fuzz=0 --forward --batch --no-backup-if-mismatch < "$root/upstream/$2" \
+  patch -d "$dir" -p1 --fuzz=0 --forward --batch --no-backup-if-mismatch < "$root/vllm_staging_plugin/patches/$2" \
     || { echo "could not apply $2"; exit 5; }
   echo "patched vLLM $1: $2"
 }

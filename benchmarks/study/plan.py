@@ -23,8 +23,8 @@ VARIANTS: dict[str, str] = {
     "pdl-off": "PDL off (CudaPlatform.is_arch_support_pdl returns False)",
     "kda-log": "the shared KDA layer's mixed-step kernel arguments logged",
     "kda-pad": "padding control: the (1, 1) index over query-length words of the request's slot",
-    "vllm-presize": "vLLM with upstream/presize-staging-buffers.patch",
-    "vllm-kdafix": "vLLM with upstream/kda-spec-state-slots.patch",
+    "vllm-presize": "vLLM with vllm_staging_plugin/patches/presize-staging-buffers.patch",
+    "vllm-kdafix": "vLLM with vllm_staging_plugin/patches/kda-spec-state-slots.patch",
 }
 # Traffic (the mode's suffix): "" two prompts given together (vllm.LLM) or one completion (serve);
 # "join": the second request arrives once the first has its first token, so one step mixes the first

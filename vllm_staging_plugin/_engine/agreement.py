@@ -135,7 +135,7 @@ def disagreement(plans: Mapping[int, Mapping[str, Any]]) -> str:
     return (
         "vllm-staging-plugin: ranks whose CUDA-graph captures share collectives would capture in different "
         "orders or with different staging capacities, which can deadlock the capture. Set the same "
-        "STAGING_PLUGIN_* variables on every node (see docs/many-gpus.md):\n" + "\n".join(lines)
+        "STAGING_PLUGIN_* variables on every node and in every worker's environment:\n" + "\n".join(lines)
     )
 
 

@@ -47,7 +47,7 @@ class Installer:
         self.guard = RunnerGuard(settings, on_v1_runner_built=self._v1_runner_built)
         self.patch: ManagerPatch | None = None  # built when vLLM imports cudagraph_utils (it imports torch)
         self.installed = False
-        self._ray_before: tuple[str | None] | None = None  # (previous value,) once we changed the variable
+        self._ray_held = False  # this installer holds the Ray prefix (RAY_LEDGER)
         self._hooks: dict[str, PostImportHook] = {}  # this installer's own, by module name, until removed
 
     def install(self) -> None:
@@ -124,24 +124,64 @@ class Installer:
         vLLM's legacy Ray executor and its data-parallel Ray backend forward only vLLM's own variables
         and the prefixes listed in ``VLLM_RAY_EXTRA_ENV_VAR_PREFIXES_TO_COPY`` (additive). Changed only
         when a plugin variable is set; the engine-core process that creates the actors inherits it.
+        Every installer that needs the prefix holds it (:class:`RayPrefixLedger`): it stays listed until
+        the last holder of that environment uninstalls.
         """
         env = self.environ
-        if not any(key.startswith(PLUGIN_PREFIX) for key in env):
+        if self._ray_held or not any(key.startswith(PLUGIN_PREFIX) for key in env):
             return
-        previous = env.get(RAY_PREFIXES_VARIABLE)
-        listed = [p.strip() for p in (previous or "").split(",") if p.strip()]
-        if PLUGIN_PREFIX in listed:
-            return
-        env[RAY_PREFIXES_VARIABLE] = ",".join([*listed, PLUGIN_PREFIX])
-        if self._ray_before is None:
-            self._ray_before = (previous,)
+        self._ray_held = True
+        RAY_LEDGER.hold(self, env)
 
     def restore_ray_variable(self) -> None:
-        if self._ray_before is None:
+        if self._ray_held:
+            self._ray_held = False
+            RAY_LEDGER.release(self, self.environ)
+
+
+_Entry = tuple[MutableMapping[str, str], list[Installer], tuple[str | None] | None]
+
+
+class RayPrefixLedger:
+    """Who holds ``STAGING_PLUGIN_`` in an environment's Ray prefix list, and what the list was before.
+
+    The environment is one per process, whichever installer changed it, so its ledger is too
+    (:data:`RAY_LEDGER`); a mapping handed to an installer (tests, tools) gets its own entry.
+    """
+
+    def __init__(self) -> None:
+        # id(environ) -> (environ, holders, (value before the prefix was added,) or None if not added)
+        self._entries: dict[int, _Entry] = {}
+
+    def hold(self, holder: Installer, env: MutableMapping[str, str]) -> None:
+        """List the prefix in ``env`` (keeping what is there) and count ``holder`` among its holders."""
+        _, holders, before = self._entries.get(id(env), (env, [], None))
+        previous = env.get(RAY_PREFIXES_VARIABLE)
+        listed = [p.strip() for p in (previous or "").split(",") if p.strip()]
+        if PLUGIN_PREFIX not in listed:
+            env[RAY_PREFIXES_VARIABLE] = ",".join([*listed, PLUGIN_PREFIX])
+            if before is None:
+                before = (previous,)
+        self._entries[id(env)] = (env, [*holders, holder], before)
+
+    def release(self, holder: Installer, env: MutableMapping[str, str]) -> None:
+        """``holder`` no longer needs the prefix; the last holder puts back what the list was."""
+        entry = self._entries.get(id(env))
+        if entry is None:
             return
-        (previous,) = self._ray_before
-        self._ray_before = None
+        _, holders, before = entry
+        holders = [h for h in holders if h is not holder]
+        if holders:
+            self._entries[id(env)] = (env, holders, before)
+            return
+        del self._entries[id(env)]
+        if before is None:
+            return
+        (previous,) = before
         if previous is None:
-            self.environ.pop(RAY_PREFIXES_VARIABLE, None)
+            env.pop(RAY_PREFIXES_VARIABLE, None)
         else:
-            self.environ[RAY_PREFIXES_VARIABLE] = previous
+            env[RAY_PREFIXES_VARIABLE] = previous
+
+
+RAY_LEDGER = RayPrefixLedger()

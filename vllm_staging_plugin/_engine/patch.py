@@ -123,7 +123,7 @@ class ManagerPatch:
         """Install the wrappers on ``cls``; False if this patch already holds a class."""
         if self.wrap is not None:
             return False
-        wrap = ClassWrap(cls, WRAPPED)
+        wrap = ClassWrap(cls, WRAPPED, signals={"__init__": self._manager_built})
         wrap.apply({"__init__": self._wrap_init(wrap), "capture": self._wrap_capture(wrap)})
         self.wrap = wrap
         logger.debug("patched %s.%s (__init__, capture)", cls.__module__, cls.__name__)
@@ -172,10 +172,11 @@ class ManagerPatch:
         @plugin_wrapper(original)
         def __init__(manager: Any, *args: Any, **kwargs: Any) -> None:
             original(manager, *args, **kwargs)
+            if self.on_manager_built is not None:  # an installer's patch: the installers underneath,
+                wrap.signal("__init__")  # whose wrappers it skips, hear of it (a tool's manager is its own)
             if not wrap.live:
                 return
-            if self.on_manager_built is not None:
-                self.on_manager_built()
+            self._manager_built()
             try:
                 compat.check_manager(manager)
                 capacity = staging_capacity(manager._capture_descs)
@@ -187,6 +188,11 @@ class ManagerPatch:
             self._announce(manager, capacity)
 
         return __init__
+
+    def _manager_built(self) -> None:
+        """A V2 manager was built in this process (by this patch's wrapper or one on top of it)."""
+        if self.on_manager_built is not None:
+            self.on_manager_built()
 
     def _deactivate(self, reason: str) -> None:
         """Refuse for this and every later manager: the class goes back to stock.

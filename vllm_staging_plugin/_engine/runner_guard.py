@@ -46,10 +46,13 @@ class RunnerGuard:
             f"chose V1; VLLM_USE_V2_MODEL_RUNNER=1 asks for V2. Set {ENV_STRICT}=1 to fail instead."
         )
 
-    def on_v1_runner(self) -> None:
-        """A V1 runner is being built."""
+    def _v1_runner_built(self) -> None:
         if self.on_v1_runner_built is not None:
             self.on_v1_runner_built()
+
+    def on_v1_runner(self) -> None:
+        """A V1 runner is being built."""
+        self._v1_runner_built()
         if self.settings.strict:
             raise V1RunnerError(self.message())
         if not self.warned:
@@ -61,14 +64,17 @@ class RunnerGuard:
         cls = getattr(module, V1_RUNNER_CLASS, None)
         if self.wrap is not None or not isinstance(cls, type) or "__init__" not in cls.__dict__:
             return
-        wrap = ClassWrap(cls, ("__init__",))
+        wrap = ClassWrap(cls, ("__init__",), signals={"__init__": self._v1_runner_built})
         original = wrap.stock["__init__"]
 
         @plugin_wrapper(original)
         def __init__(runner: Any, *args: Any, **kwargs: Any) -> None:
             # not the CPU/XPU runners that subclass it: no CUDA graphs to stage there
-            if wrap.live and type(runner) is cls:
-                self.on_v1_runner()
+            if type(runner) is cls:
+                if self.on_v1_runner_built is not None:  # an installer's guard: the ones it skips hear of it
+                    wrap.signal("__init__")
+                if wrap.live:
+                    self.on_v1_runner()
             original(runner, *args, **kwargs)
 
         wrap.apply({"__init__": __init__})

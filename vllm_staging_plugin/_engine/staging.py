@@ -139,7 +139,8 @@ def allocation_failure(settings: Settings, name: str, value: Any, capacity: int,
         )
     else:
         advice = (
-            "vLLM's own order starts with a smaller descriptor here (see docs/stock-crashes.md), so stock "
+            "vLLM's own order starts with a smaller descriptor here (as recover-SSM with speculative "
+            "decoding does: its PIECEWISE sizes stop below the largest FULL decode descriptor), so stock "
             "vLLM would crash at the staging copy too; free GPU memory (lower gpu_memory_utilization)"
         )
     return (

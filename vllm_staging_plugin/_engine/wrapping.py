@@ -4,7 +4,10 @@ Each patch (:mod:`.patch`, :mod:`.runner_guard`) owns one :class:`ClassWrap` per
 wrappers call vLLM's own functions (:func:`stock`: any plugin wrapper underneath is skipped), so an
 offline tool that wraps a class the process's installer already wrapped runs one plugin layer, not two.
 Restoring puts back only the wrap's own entries: one another tool has since wrapped is left in place,
-and the wrap's ``live`` flag turns the inner wrapper into a pass-through.
+and the wrap's ``live`` flag turns the inner wrapper into a pass-through. Several wraps of one class (two
+installers) stay independent: a wrapper tells the plugin layers it skips what it saw
+(:meth:`ClassWrap.signal`), a later wrap on top is not "another tool", and restoring never puts back a
+layer whose wrap is gone.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
 MARK = "__vllm_staging_wrapper__"
+OWNER = "__vllm_staging_wrap__"  # on each applied replacement: the ClassWrap that applied it
 _F = TypeVar("_F", bound=Callable[..., Any])
 
 
@@ -40,13 +44,24 @@ def plugin_wrapper(original: Callable[..., Any]) -> Callable[[_F], _F]:
     return decorate
 
 
-class ClassWrap:
-    """One class's replaced functions: what ``cls.__dict__`` held, vLLM's own, and what replaced them."""
+def owner(function: Any) -> ClassWrap | None:
+    """The wrap that applied ``function``, when it is a plugin wrapper (a foreign copy has none)."""
+    return getattr(function, OWNER, None) if is_plugin_wrapper(function) else None
 
-    def __init__(self, cls: type, names: tuple[str, ...]) -> None:
+
+class ClassWrap:
+    """One class's replaced functions: what ``cls.__dict__`` held, vLLM's own, and what replaced them.
+
+    ``signals``: per name, what to call when a wrapper on top skips this wrap's (:meth:`signal`).
+    """
+
+    def __init__(
+        self, cls: type, names: tuple[str, ...], signals: Mapping[str, Callable[[], None]] | None = None
+    ) -> None:
         self.cls = cls
         self.saved = {name: cls.__dict__[name] for name in names}
         self.stock = {name: stock(function) for name, function in self.saved.items()}
+        self.signals = dict(signals or {})
         self.replacements: dict[str, Any] | None = None  # set while applied
 
     @property
@@ -57,18 +72,38 @@ class ClassWrap:
     def apply(self, replacements: Mapping[str, Any]) -> None:
         self.replacements = dict(replacements)
         for name, function in self.replacements.items():
+            setattr(function, OWNER, self)
             setattr(self.cls, name, function)
+
+    def signal(self, name: str) -> None:
+        """A wrapper of this wrap ran ``name``: the live plugin layers underneath, which it skips to call
+        vLLM's own, hear of it too (each installer learns that its worker built a manager)."""
+        below = owner(self.saved.get(name))
+        while below is not None:
+            if below.live and name in below.signals:
+                below.signals[name]()
+            below = owner(below.saved.get(name))
 
     def restore(self) -> list[str]:
         """Put back what the class held; returns ``Class.name`` of each function another tool wrapped
-        meanwhile (left alone). Nothing to do when not applied."""
+        meanwhile (left alone). Nothing to do when not applied.
+
+        A later plugin wrap on top is no other tool: it is left to put back what it found, and it skips
+        this wrap's layer by then. What is put back is never a plugin layer whose wrap was restored
+        (uninstalled out of order): its own ``saved`` is put back instead.
+        """
         replacements, self.replacements = self.replacements, None
         if replacements is None:
             return []
         foreign = []
         for name, before in self.saved.items():
-            if self.cls.__dict__.get(name) is replacements.get(name):
+            current = self.cls.__dict__.get(name)
+            if current is replacements.get(name):
+                dead = owner(before)
+                while dead is not None and not dead.live:
+                    before = dead.saved[name]
+                    dead = owner(before)
                 setattr(self.cls, name, before)
-            else:
+            elif owner(current) is None:
                 foreign.append(f"{self.cls.__qualname__}.{name}")
         return foreign

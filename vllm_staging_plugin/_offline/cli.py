@@ -1,5 +1,6 @@
 """The ``vllm-staging-plugin`` command: check an installation (the default), pre-flight ``vllm serve``
-arguments (``check -- MODEL ...``) and compare receipts (``report``)."""
+arguments (``check -- MODEL ...``), compare receipts (``report``) and print or apply the fixes to vLLM
+itself that ship with the package (``patch``)."""
 
 from __future__ import annotations
 
@@ -76,15 +77,52 @@ def report_command(args: argparse.Namespace) -> int:
     from .report import ReportError, report
 
     try:
-        table = report(Path(args.directory), Path(args.plot) if args.plot else None)
+        table = report(args.directory, Path(args.plot) if args.plot else None)
     except ReportError as exc:
         print(exc, file=sys.stderr)
-        return 1
+        return exc.code
     print(table)
     if args.plot:
         print(f"plot written to {args.plot}")
     return 0
 
+
+def patch_command(args: argparse.Namespace) -> int:
+    """Print a bundled vLLM patch, or check / apply / revert it on the installed vLLM."""
+    from . import vllm_patches
+
+    if not (args.apply or args.revert or args.dry_run):
+        print(vllm_patches.text(args.name), end="")
+        return 0
+    try:
+        result = vllm_patches.plan(args.name, reverse=args.revert)
+    except vllm_patches.PatchError as exc:
+        print(f"vllm-staging-plugin patch: {exc}", file=sys.stderr)
+        return 1
+    words = PATCH_STATES[args.revert]
+    for path, state in result.files.items():
+        print(f"{words[state]}: {path}")
+    if not result.fits:
+        print("vllm-staging-plugin patch: it does not fit this vLLM (written against vLLM 0.33.0); "
+              "nothing was written", file=sys.stderr)  # fmt: skip
+        return 1
+    if args.dry_run or not result.results:
+        return 0
+    try:
+        vllm_patches.write(result)
+    except vllm_patches.PatchError as exc:
+        print(f"vllm-staging-plugin patch: {exc}", file=sys.stderr)
+        return 1
+    done = "reverted" if args.revert else "applied"
+    undo = "" if args.revert else f"; undo with `vllm-staging-plugin patch {args.name} --revert`"
+    print(f"{done} {args.name} to the installed vLLM; restart vLLM to use it{undo}")
+    return 0
+
+
+PATCH_STATES = {
+    False: {"applies": "would apply", "already": "already applied", "does not fit": "does not fit"},
+    True: {"applies": "would revert", "already": "not applied", "does not fit": "does not fit"},
+}
 
 DESCRIPTION = """\
 Pre-size vLLM's CUDA-graph staging buffers, and check a deployment before it boots.
@@ -92,8 +130,11 @@ Pre-size vLLM's CUDA-graph staging buffers, and check a deployment before it boo
 commands:
   check     (the default) without `--`: what is installed, whether the plugin would patch this vLLM,
             and a demonstration replay on a synthetic configuration. With `-- MODEL [vllm serve
-            arguments]`: pre-flight that deployment on this machine, GPU or not (docs/preflight.md)
-  report    compare the receipts gathered under STAGING_PLUGIN_RECEIPTS_DIR (docs/receipts.md)
+            arguments]`: pre-flight that deployment on this machine, GPU or not
+  report    compare the receipts gathered under STAGING_PLUGIN_RECEIPTS_DIR (set it in the serving
+            environment: each capture writes one JSON receipt into it)
+  patch     print the fixes to vLLM itself that ship with the plugin (presize, kda), or apply one to
+            the installed vLLM (--dry-run first)
 
 `vllm-staging-plugin COMMAND --help` explains each command's options and exit codes.
 """
@@ -112,7 +153,9 @@ exit codes:
   4  it boots with the plugin but will not serve correctly: vLLM's shared KDA layer (Kimi-Linear)
      under --use-replayssm reads past its state index on each step that mixes a speculative decode
      with a prefill (the WARNING block, or "serve": {"ok": false} with --json, says what to change)
-  With --json, codes 2 and 3 print one object with "error" and "message" on stdout.
+  70 internal error: a bug in the plugin, or a vLLM change it does not know (one line to report;
+     -v prints the traceback)
+  With --json, codes 2, 3 and 70 print one object with "error" and "message" on stdout.
 
 examples:
   vllm-staging-plugin check
@@ -127,7 +170,19 @@ skipped with one warning naming it.
 
 exit codes:
   0  the table was printed
-  1  no capture receipt could be read there (the message says why)
+  1  no capture receipt could be read there, or --plot without matplotlib (the message says why)
+  2  bad arguments, or the directory does not exist (or is not one)
+  70 internal error: a bug in the plugin (one line to report; -v prints the traceback)
+"""
+
+
+PATCH_EPILOG = """\
+Applying needs write access to the installed vLLM (the same pip environment); every hunk must match
+exactly (no fuzz) or nothing is written. `pip install --force-reinstall vllm==0.33.0` also undoes it.
+
+exit codes:
+  0  printed; applied, reverted, or (--dry-run) it would; or nothing to do (already so)
+  1  it does not fit the installed vLLM, no vLLM is installed, or a file cannot be read or written
   2  bad arguments
 """
 
@@ -155,7 +210,7 @@ def build_parser() -> argparse.ArgumentParser:
     raw = argparse.RawDescriptionHelpFormatter
     parser = _Parser(prog="vllm-staging-plugin", description=DESCRIPTION, formatter_class=raw)
     parser.add_argument("--version", action="version", version=__version__)
-    sub = parser.add_subparsers(dest="command", metavar="{check,report}")
+    sub = parser.add_subparsers(dest="command", metavar="{check,report,patch}")
     chk = sub.add_parser(
         "check",
         usage=CHECK_USAGE,
@@ -232,6 +287,23 @@ def build_parser() -> argparse.ArgumentParser:
     )
     rep.add_argument("directory", help="where STAGING_PLUGIN_RECEIPTS_DIR receipts were gathered")
     rep.add_argument("--plot", metavar="FILE.png", help="also draw the comparison (needs the [plot] extra)")
+    rep.add_argument("-v", "--verbose", action="store_true", help="print the traceback of an internal error")
+    from .vllm_patches import PATCHES
+
+    pat = sub.add_parser(
+        "patch",
+        description="The fixes to vLLM itself that ship with the plugin, unified diffs against vLLM 0.33.0: "
+        + "; ".join(f"{name}: {what}" for name, (_, what) in PATCHES.items())
+        + ". Without options the diff is printed (for `patch -p1` in the folder holding vllm/).",
+        epilog=PATCH_EPILOG,
+        formatter_class=raw,
+    )
+    pat.add_argument("name", choices=sorted(PATCHES), help="which patch")
+    how = pat.add_mutually_exclusive_group()
+    how.add_argument("--apply", action="store_true", help="apply it to the installed vLLM's files")
+    how.add_argument("--revert", action="store_true", help="undo it on the installed vLLM's files")
+    pat.add_argument("--dry-run", action="store_true", help="with --apply or --revert (or alone): say what "
+                     "would change, write nothing")  # fmt: skip
     return parser
 
 
@@ -259,6 +331,22 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _run(parser, words, serve_args)
     except SystemExit as exc:  # argparse's refusals and --help, as exit codes
         return exc.code if isinstance(exc.code, int) else 2
+    except Exception as exc:  # the main job's or report's own failure: named, one line
+        return _internal_error(exc, verbose=bool({"-v", "--verbose"} & set(words)), as_json="--json" in words)
+
+
+def _internal_error(exc: Exception, verbose: bool, as_json: bool) -> int:
+    from . import internal
+
+    if verbose:
+        print(internal.traceback_text(exc), file=sys.stderr, end="")
+    message = internal.describe(exc)
+    if as_json:
+        print(json.dumps({"plugin_version": __version__, "exit_code": internal.EXIT_INTERNAL,
+                          "error": "internal error", "message": message}))  # fmt: skip
+    else:
+        print(f"vllm-staging-plugin: {message}", file=sys.stderr)
+    return internal.EXIT_INTERNAL
 
 
 def _run(parser: argparse.ArgumentParser, words: list[str], serve_args: list[str] | None) -> int:
@@ -268,17 +356,19 @@ def _run(parser: argparse.ArgumentParser, words: list[str], serve_args: list[str
                 f"{PREFLIGHT_FORM}", as_json=args.json)  # fmt: skip
     if unknown:
         parser.error(f"unrecognized arguments: {' '.join(unknown)}")
-    if args.command == "report":
+    if args.command in ("report", "patch"):
         if serve_args is not None:
-            parser.error("report takes no `-- MODEL [vllm serve arguments]`")
-        return report_command(args)
+            parser.error(f"{args.command} takes no `-- MODEL [vllm serve arguments]`")
+        return report_command(args) if args.command == "report" else patch_command(args)
     if serve_args is not None and not serve_args:
         _refuse(f"nothing after `--`: {PREFLIGHT_FORM}", args.json)
     with quiet_logs(args.verbose):
         if serve_args is not None:
             from . import preflight
 
-            return preflight.main(serve_args, args.order, args.json, args.gpu or "h200", args.gpus)
+            return preflight.main(
+                serve_args, args.order, args.json, args.gpu or "h200", args.gpus, args.verbose
+            )
         if args.json or args.gpu or args.gpus:
             pre = "--json, --gpu and --gpus belong to the pre-flight: add `-- MODEL [vllm serve arguments]`"
             _refuse(pre, args.json)

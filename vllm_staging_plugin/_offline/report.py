@@ -45,7 +45,12 @@ class Row:
 
 class ReportError(Exception):
     """Nothing to report (missing, not a directory, or no capture receipt, or no plotting library): the
-    CLI prints the message and exits with status 1 instead of printing a table-less success."""
+    CLI prints the message and exits with ``code`` (2 for a path that is no directory, else 1) instead of
+    printing a table-less success."""
+
+    def __init__(self, message: str, code: int = 1) -> None:
+        super().__init__(message)
+        self.code = code
 
 
 def config_label(receipt: Mapping[str, Any]) -> str:
@@ -181,16 +186,19 @@ def _to_stderr(message: str) -> None:
     print(message, file=sys.stderr)
 
 
-def report(directory: Path, plot_path: Path | None = None, warn: Callable[[str], None] = _to_stderr) -> str:
+def report(
+    directory: Path | str, plot_path: Path | None = None, warn: Callable[[str], None] = _to_stderr
+) -> str:
     """The comparison table; :class:`ReportError` if there is nothing to compare.
 
     Files named like receipts that are not readable receipts (partial copies, other schemas) are skipped
     with one ``warn`` line each, naming the file.
     """
+    shown, directory = str(directory), Path(directory)  # named as the operator typed it
     if not directory.exists():
-        raise ReportError(f"vllm-staging-plugin report: no such directory: {directory}")
+        raise ReportError(f"vllm-staging-plugin report: no such directory: {shown}", code=2)
     if not directory.is_dir():
-        raise ReportError(f"vllm-staging-plugin report: not a directory: {directory}")
+        raise ReportError(f"vllm-staging-plugin report: not a directory: {shown}", code=2)
     skipped: list[Path] = []
 
     def skip(path: Path, reason: str) -> None:
@@ -200,7 +208,10 @@ def report(directory: Path, plot_path: Path | None = None, warn: Callable[[str],
     rows = summarize(read_receipts(directory, skip))
     if not rows:
         note = f" ({len(skipped)} file(s) skipped, see above)" if skipped else ""
-        raise ReportError(f"vllm-staging-plugin report: no capture receipts in {directory}{note}")
+        raise ReportError(
+            f"vllm-staging-plugin report: no capture receipts in {shown}{note}; vLLM writes one JSON receipt "
+            f"per capture there when it runs with the plugin and STAGING_PLUGIN_RECEIPTS_DIR={shown}"
+        )
     if plot_path is not None:
         plot(rows, plot_path)
     return format_table(rows)

@@ -20,7 +20,7 @@ from typing import Any
 
 from ... import __version__
 from ..._engine.settings import ENV_ORDER
-from .. import scoped, seams
+from .. import internal, scoped, seams
 from ..text import first_line
 from . import workaround
 from .arguments import PARSER_MODULE, check_order, has_serve_parser, parse_serve_arguments
@@ -222,6 +222,7 @@ def main(
     as_json: bool,
     gpu_name: str = "h200",
     gpus: int | None = None,
+    verbose: bool = False,
 ) -> int:
     """Run the pre-flight and print it; the exit code says whether the plugin boots the configuration."""
     order_from = "--order" if order else ENV_ORDER
@@ -233,8 +234,12 @@ def main(
         return _fail(EXIT_BAD_ARGUMENTS, "bad arguments", str(exc), as_json)
     except CannotCheckHere as exc:
         return _fail(EXIT_CANNOT_CHECK_HERE, "cannot check on this machine", str(exc), as_json)
-    except Exception as exc:  # anything else vLLM raises while inspecting: one line, never a traceback
-        message = f"{type(exc).__name__}: {first_line(str(exc))}; {GPU_HOST}"
+    except Exception as exc:  # one line, never a traceback (but under -v)
+        if verbose:
+            print(internal.traceback_text(exc), file=sys.stderr, end="")
+        if internal.is_internal(exc):
+            return _fail(internal.EXIT_INTERNAL, "internal error", internal.describe(exc), as_json)
+        message = f"{type(exc).__name__}: {first_line(str(exc))}; {GPU_HOST}"  # vLLM raised inspecting it
         return _fail(EXIT_CANNOT_CHECK_HERE, "cannot check on this machine", message, as_json)
     code = EXIT_FAILS if not result.plugin_boots else EXIT_BOOTS if result.serves else EXIT_WILL_NOT_SERVE
     if as_json:

@@ -28,7 +28,7 @@ def _serve_lines(result: Preflight) -> list[str]:
         f"{step.query_length} index words (1 + {step.query_length - 1} speculative tokens)",
         f"  fix   drop --use-replayssm ({step.query_length - 1} more state slots per request in its "
         f"{step.kda_layers} KDA layers: {extra:.1f} MiB per request on each GPU), or patch vLLM with "
-        "upstream/kda-spec-state-slots.patch (same memory, --use-replayssm kept)",
+        "`vllm-staging-plugin patch kda --apply` (same memory, --use-replayssm kept)",
     ]
 
 

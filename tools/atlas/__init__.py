@@ -1,4 +1,5 @@
 """The stock-crash atlas (docs/stock-crashes.md) as a library; ``tools/stock_atlas.py`` is its command line.
+A development tool beside the package, not in the wheel: no command of the plugin uses it.
 
 :mod:`.releases` the vLLM releases this repository knows, :mod:`.overlay` an older release's files
 overlaid on this environment and :mod:`.probe` the plugin's verdict there (all three shared with

@@ -16,7 +16,8 @@ from pathlib import Path
 
 from .releases import span
 
-PROBE = "vllm_staging_plugin._offline.atlas.probe"  # run with python -m in the overlaid environment
+PROBE = "atlas.probe"  # run with python -m in the overlaid environment, tools/ last on its path
+TOOLS = Path(__file__).resolve().parent.parent
 MISSING = re.compile(r"No module named '([\w.]+)'|requires \"([\w.-]+)\" to be installed")
 PIN = re.compile(
     r"(?P<releases>\S+)\s+(?P<name>[A-Za-z0-9][A-Za-z0-9._-]*)==(?P<version>[A-Za-z0-9.+!_-]+)"
@@ -96,7 +97,7 @@ def release_env(
     folder, torch = overlay(version, cache)
     deps = cache / f"deps-{version}"
     extras = install_pins(version, deps, packages)
-    env = {"PYTHONPATH": f"{folder}:{deps}", "PATH": "/usr/bin:/bin", "HOME": str(Path.home())}
+    env = {"PYTHONPATH": f"{folder}:{deps}:{TOOLS}", "PATH": "/usr/bin:/bin", "HOME": str(Path.home())}
     probe = subprocess.run([sys.executable, "-m", PROBE], env=env, capture_output=True, text=True, cwd=cwd)
     line = next((x for x in probe.stdout.splitlines() if x.startswith("PROBE:")), None)
     result: dict[str, object] = (

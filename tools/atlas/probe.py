@@ -1,6 +1,6 @@
-"""The release overlay's probe, run as ``python -m vllm_staging_plugin._offline.atlas.probe`` in a child
-whose PYTHONPATH puts one release's files first: the plugin's own structure check on that release,
-printed as one ``PROBE:`` JSON line (the release, the verdict and why)."""
+"""The release overlay's probe, run as ``python -m atlas.probe`` in a child whose PYTHONPATH puts one
+release's files first (and ``tools/`` last): the plugin's own structure check on that release, printed
+as one ``PROBE:`` JSON line (the release, the verdict and why)."""
 
 from __future__ import annotations
 

@@ -1,0 +1,92 @@
+"""The bundled vLLM patches applied without fuzz: the same result as ``patch -p1 --fuzz=0``, undone
+exactly, refused whole when one hunk does not match, and the command's answers for each case."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from vllm_staging_plugin._offline import cli, vllm_patches
+from vllm_staging_plugin._offline.vllm_patches import PATCHES, PatchError
+
+
+def vllm_tree(root: Path, name: str) -> Path:
+    """A folder holding copies of the installed vLLM's files that ``name`` changes; the first one."""
+    real = vllm_patches.vllm_root()
+    paths = [patch.path for patch in vllm_patches.parse(vllm_patches.text(name))]
+    for path in paths:
+        (root / path).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(real / path, root / path)
+    return root / paths[0]
+
+
+@pytest.mark.parametrize("name", sorted(PATCHES))
+def test_applying_matches_the_patch_program_and_reverting_restores_every_byte(
+    name: str, tmp_path: Path
+) -> None:
+    ours, theirs = tmp_path / "ours", tmp_path / "theirs"
+    target, other = vllm_tree(ours, name), vllm_tree(theirs, name)
+    stock = target.read_bytes()
+    subprocess.run(
+        ["patch", "-p1", "-s", "--fuzz=0"], input=vllm_patches.text(name), text=True, cwd=theirs, check=True
+    )
+    applied = vllm_patches.plan(name, ours)
+    assert applied.files == {target: "applies"} and applied.fits
+    vllm_patches.write(applied)
+    assert target.read_bytes() == other.read_bytes() != stock
+    assert vllm_patches.plan(name, ours).files == {target: "already"}
+    vllm_patches.write(vllm_patches.plan(name, ours, reverse=True))
+    assert target.read_bytes() == stock
+
+
+def test_a_file_that_does_not_match_is_left_untouched(tmp_path: Path) -> None:
+    target = vllm_tree(tmp_path, "presize")
+    changed = target.read_text().replace("def store_capture_output(", "def store_output(", 1)
+    target.write_text(changed)
+    result = vllm_patches.plan("presize", tmp_path)
+    assert result.files == {target: "does not fit"} and not result.fits
+    with pytest.raises(PatchError, match="nothing was written"):
+        vllm_patches.write(result)
+    assert target.read_text() == changed
+
+
+def test_a_missing_file_and_a_bad_diff_are_patch_errors(tmp_path: Path) -> None:
+    with pytest.raises(PatchError, match=r"^cannot read .*cudagraph_utils.py: No such file or directory$"):
+        vllm_patches.plan("presize", tmp_path)
+    with pytest.raises(PatchError, match="not a unified diff"):
+        vllm_patches.parse("just text\n")
+
+
+def test_the_command_says_it_does_not_fit_and_writes_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    target = vllm_tree(tmp_path, "kda")
+    target.write_text("# another vLLM\n")
+    monkeypatch.setattr(vllm_patches, "vllm_root", lambda: tmp_path)
+    assert cli.main(["patch", "kda", "--apply"]) == 1
+    out, err = capsys.readouterr()
+    assert out == f"does not fit: {target}\n"
+    assert err == (
+        "vllm-staging-plugin patch: it does not fit this vLLM (written against vLLM 0.33.0); "
+        "nothing was written\n"
+    )
+    assert target.read_text() == "# another vLLM\n"
+
+
+def test_the_command_without_vllm_says_so(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setattr(vllm_patches.importlib.util, "find_spec", lambda name: None)
+    assert cli.main(["patch", "presize", "--dry-run"]) == 1
+    assert (
+        capsys.readouterr().err
+        == "vllm-staging-plugin patch: no vLLM is installed in this Python environment\n"
+    )
+
+
+def test_apply_and_revert_together_are_bad_arguments(capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["patch", "kda", "--apply", "--revert"]) == 2
+    assert "not allowed with argument" in capsys.readouterr().err

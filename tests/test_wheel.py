@@ -1,0 +1,195 @@
+"""What a `pip install` user has: the wheel's contents, and its commands run from a clean virtual environment
+with no checkout beside it. Every message and help text names only what the wheel holds (a command, a
+variable), never a file of this repository; the fixes to vLLM ship inside it.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import os
+import re
+import subprocess
+import sys
+import sysconfig
+import textwrap
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from vllm_staging_plugin._offline import vllm_patches
+
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGE = ROOT / "vllm_staging_plugin"
+REPOSITORY_FILE = re.compile(r"\b(docs|upstream|tests|tools|benchmarks)/[\w./-]+|\b[\w-]+\.md\b")
+
+
+def strings_outside_docstrings(path: Path) -> list[tuple[int, str]]:
+    tree = ast.parse(path.read_text())
+    docstrings = {
+        id(node.body[0].value)
+        for node in ast.walk(tree)
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
+        and node.body
+        and isinstance(node.body[0], ast.Expr)
+        and isinstance(node.body[0].value, ast.Constant)
+    }
+    return [
+        (node.lineno, node.value)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docstrings
+    ]
+
+
+def test_no_message_of_the_package_names_a_file_of_this_repository() -> None:
+    found = [
+        f"{path.relative_to(ROOT)}:{line}: {match.group(0)}"
+        for path in sorted(PACKAGE.rglob("*.py"))
+        for line, value in strings_outside_docstrings(path)
+        if (match := REPOSITORY_FILE.search(value))
+    ]
+    assert found == []
+    assert REPOSITORY_FILE.search("see docs/stock-crashes.md") and REPOSITORY_FILE.search("upstream/x.patch")
+
+
+@pytest.fixture(scope="module")
+def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("wheel")
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "-q",
+            "--no-deps",
+            "--no-build-isolation",
+            "-w",
+            str(out),
+            str(ROOT),
+        ],
+        check=True,
+        capture_output=True,
+    )
+    (built,) = out.glob("vllm_staging_plugin-*.whl")
+    return built
+
+
+def test_the_wheel_holds_the_package_and_its_patches_and_nothing_of_the_repository(wheel: Path) -> None:
+    names = zipfile.ZipFile(wheel).namelist()
+    folders = {name.rsplit("/", 1)[0] for name in names if not name.split("/")[0].endswith(".dist-info")}
+    assert folders == {
+        "vllm_staging_plugin",
+        "vllm_staging_plugin/_engine",
+        "vllm_staging_plugin/_offline",
+        "vllm_staging_plugin/_offline/cpu_replay",
+        "vllm_staging_plugin/_offline/preflight",
+        "vllm_staging_plugin/_offline/seams",
+        "vllm_staging_plugin/patches",
+    }
+    assert [n for n in names if not n.endswith(".py") and ".dist-info/" not in n] == [
+        "vllm_staging_plugin/py.typed",
+        "vllm_staging_plugin/patches/kda-spec-state-slots.patch",
+        "vllm_staging_plugin/patches/presize-staging-buffers.patch",
+    ]
+    entry_points = next(n for n in names if n.endswith(".dist-info/entry_points.txt"))
+    assert (
+        "vllm_staging_plugin = vllm_staging_plugin:register"
+        in zipfile.ZipFile(wheel).read(entry_points).decode()
+    )
+
+
+CHILD = textwrap.dedent(
+    """
+    import contextlib, io, json, sys
+    import vllm_staging_plugin
+    from vllm_staging_plugin._offline.cli import main
+    out = {"file": vllm_staging_plugin.__file__, "runs": []}
+    for argv in json.loads(sys.argv[1]):
+        stdout, stderr = io.StringIO(), io.StringIO()
+        with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
+            code = main(argv)
+        out["runs"].append([code, stdout.getvalue(), stderr.getvalue()])
+    print(json.dumps(out))
+    """
+)
+
+
+@pytest.mark.subprocess
+def test_from_a_clean_venv_the_commands_and_the_patches_work(wheel: Path, tmp_path: Path) -> None:
+    """A venv with the wheel installed (vLLM, torch and pluggy seen from this environment's site-packages,
+    as a deployment's are), run in an empty folder: help texts name no repository file, each patch
+    prints and applies to (then reverts from) a vLLM tree, and ``--version`` comes from the metadata."""
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    python = venv / "bin" / "python"
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "--python",
+            str(python),
+            "install",
+            "-q",
+            "--no-deps",
+            "--no-index",
+            str(wheel),
+        ],
+        check=True,
+        capture_output=True,
+    )
+    site = subprocess.run(
+        [python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+        capture_output=True,
+        text=True,
+    ).stdout.strip()
+    (Path(site) / "deps.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")  # after the venv's own
+    # a vLLM tree of the two files the patches change, found first on the path
+    fake = tmp_path / "fake"
+    (fake / "vllm").mkdir(parents=True)
+    (fake / "vllm" / "__init__.py").write_text("")
+    real = vllm_patches.vllm_root()
+    targets = [
+        patch.path for name in vllm_patches.PATCHES for patch in vllm_patches.parse(vllm_patches.text(name))
+    ]
+    for target in targets:
+        (fake / target).parent.mkdir(parents=True, exist_ok=True)
+        (fake / target).write_bytes((real / target).read_bytes())
+    work = tmp_path / "empty"
+    work.mkdir()
+    argvs = [
+        ["--help"], ["check", "--help"], ["report", "--help"], ["patch", "--help"], ["patch", "presize"],
+        ["patch", "kda", "--dry-run"], ["patch", "kda", "--apply"], ["patch", "kda", "--apply"],
+        ["patch", "kda", "--revert"], ["patch", "presize", "--revert", "--dry-run"],
+    ]  # fmt: skip
+    env = {"PATH": os.environ["PATH"], "HOME": str(tmp_path), "PYTHONPATH": str(fake)}
+    done = subprocess.run(
+        [python, "-c", CHILD, json.dumps(argvs)],
+        cwd=work,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    result = json.loads(done.stdout)
+    assert result["file"] == f"{site}/vllm_staging_plugin/__init__.py"  # the wheel's copy, not the checkout
+    helps, printed, dry, applied, again, reverted, not_applied = (result["runs"][:4], *result["runs"][4:])
+    for code, text, _ in helps:
+        assert code == 0 and REPOSITORY_FILE.search(text) is None, text
+    assert "patch     print the fixes to vLLM itself" in helps[0][1]
+    assert printed == [0, vllm_patches.text("presize"), ""]
+    kda = fake / "vllm/model_executor/layers/mamba/gdn/kimi_gdn_linear_attn.py"
+    assert dry == [0, f"would apply: {kda}\n", ""]
+    assert applied[0] == 0 and applied[1].startswith(f"would apply: {kda}\napplied kda to the installed vLLM")
+    assert "undo with `vllm-staging-plugin patch kda --revert`" in applied[1]
+    assert again == [0, f"already applied: {kda}\n", ""]
+    assert reverted[0] == 0 and reverted[1].startswith(f"would revert: {kda}\nreverted kda")
+    assert kda.read_bytes() == (real / kda.relative_to(fake)).read_bytes()  # applied, then reverted exactly
+    assert not_applied == [0, f"not applied: {fake / targets[0]}\n", ""]
+    version = subprocess.run(
+        [venv / "bin" / "vllm-staging-plugin", "--version"], cwd=work, env=env, capture_output=True, text=True
+    )
+    assert version.stdout.strip() == "0.1.0"
