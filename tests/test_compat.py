@@ -148,9 +148,10 @@ def test_installed_versions(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 # ---- the profiling pass's mark: 0.29.0-0.33.0, upstream main, a release without a profiling capture ----
-# Upstream main's shape as read at vllm-project/vllm@9fa4eff36cecfe0949927f31043a9871cffb5e20,
-# vllm/v1/worker/gpu/cudagraph_utils.py: CudaGraphManager.__init__ sets ``self._sample_full_descs = False``
-# (no ``_max_full_descs_to_capture``); profile_cudagraph_memory sets it True for the profiling capture.
+# Upstream main's shape as read in vllm/v1/worker/gpu/cudagraph_utils.py, the public code index's newest
+# copy (after vllm-project/vllm#51700; the index names no commit): CudaGraphManager.__init__ sets
+# ``self._sample_full_descs = False`` (no ``_max_full_descs_to_capture``); profile_cudagraph_memory sets
+# it True on the manager it profiles.
 
 
 @pytest.mark.parametrize(

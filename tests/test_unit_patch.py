@@ -3,6 +3,7 @@ refusal (every injected structure fault, the platform, strict mode), the log lin
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import re
 import sys
@@ -514,3 +515,97 @@ def test_an_unknown_mark_in_strict_mode_stops_the_capture_before_it_starts(
     with pytest.raises(compat.IncompatibleVllm, match=r"^vllm-staging-plugin \(strict mode\): this vLLM's"):
         manager.capture()
     assert manager.hidden_states is None  # nothing captured
+
+
+# ---- a manager in upstream main's shape ------------------------------------------------------------
+# Names and signatures as read from upstream main's vllm/v1/worker/gpu/cudagraph_utils.py (the public code
+# index's newest copy, after vllm-project/vllm#51700; docs/compatibility.md, "Upstream main"): the
+# constructor's new keywords, capture()'s new keyword defaults, descriptors with exact_num_tokens and
+# num_ubatches, graphs keyed by descriptor, the profiling mark _sample_full_descs.
+
+
+@dataclasses.dataclass(frozen=True)
+class MainDesc:
+    cg_mode: str
+    num_tokens: int
+    num_reqs: int | None = None
+    uniform_token_count: int | None = None
+    max_query_len: int | None = None
+    num_active_loras: int = 0
+    exact_num_tokens: bool = False
+    num_ubatches: int = 1
+
+
+class MainShapeManager(FakeManager):
+    """Main's signatures; its two methods go into a fresh class's own ``__dict__`` (as vLLM's are)."""
+
+    def __init__(  # type: ignore[override]
+        self,
+        vllm_config: Any,
+        device: Any,
+        cudagraph_mode: Any,
+        decode_query_len: int,
+        lora_capture_cases: list[int] | None = None,
+        varlen_decode: bool = False,
+        ubatch_runner: Any = None,
+        specialize_full_decode: bool = False,
+        single_request_prefill_tokens: int = 0,
+    ) -> None:
+        FakeManager.__init__(self, vllm_config, device, cudagraph_mode, decode_query_len)
+        del self._max_full_descs_to_capture
+        self._sample_full_descs = False
+        self.knobs = (specialize_full_decode, single_request_prefill_tokens)
+        self._capture_descs = {
+            PIECEWISE: [MainDesc(PIECEWISE, n) for n in (8, 4, 2, 1)],
+            FULL: [MainDesc(FULL, n, uniform_token_count=2, exact_num_tokens=True) for n in (10, 2)],
+        }
+
+    def capture(  # type: ignore[override]
+        self,
+        model: Any,
+        model_state: Any,
+        input_buffers: Any,
+        intermediate_tensors: Any,
+        block_tables: Any,
+        attn_groups: Any,
+        kv_cache_config: Any,
+        pcp_manager: Any = None,
+        has_lora: bool = False,
+        use_aux_hidden_state_outputs: bool = False,
+        lora_capture_hook: Any = None,
+        capture_logits: bool = False,
+        progress_bar_desc: str = "Capturing CUDA graphs",
+    ) -> list[int]:
+        self.passed = (model, kv_cache_config, pcp_manager, capture_logits, progress_bar_desc)
+        return FakeManager.capture(self, aux=2 if use_aux_hidden_state_outputs else 0)
+
+
+@pytest.mark.parametrize("order", ["descending", "ascending"])
+def test_a_manager_in_mains_shape_is_presized_and_its_arguments_pass_through(
+    monkeypatch: pytest.MonkeyPatch, plugin_log: Any, order: str
+) -> None:
+    module = make_module(fresh_class())
+    own = {name: MainShapeManager.__dict__[name] for name in ("__init__", "capture")}
+    cls = module.ModelCudaGraphManager = type("ModelCudaGraphManager", (FakeManager,), own)  # type: ignore[attr-defined]
+    module.profile_cudagraph_memory = lambda *a: None  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, MODULE, module)
+    monkeypatch.setattr(compat, "platform_name", lambda: "cuda")
+    monkeypatch.setenv("STAGING_PLUGIN_ORDER", order)
+    vllm_staging_plugin.register()
+    assert is_patched(cls)
+    manager = cls(
+        config(), "cpu", "FULL_AND_PIECEWISE", 2, specialize_full_decode=True, single_request_prefill_tokens=7
+    )
+    assert manager.knobs == (True, 7) and staging.state_of(manager).capacity == 10
+    args = ("model", "state", "buffers", None, "tables", [], "kv")
+    seen = manager.capture(*args, pcp_manager="pcp", use_aux_hidden_state_outputs=True, capture_logits=True)
+    assert manager.passed == ("model", "kv", "pcp", True, "Capturing CUDA graphs")
+    assert seen == ([8, 4, 2, 1, 10, 2] if order == "descending" else [1, 2, 4, 8, 2, 10])
+    assert manager.hidden_states.shape[0] == 10 and [a.shape[0] for a in manager.aux_hidden_states] == [
+        10,
+        10,
+    ]
+    profiling = cls(config(), "cpu", "FULL_AND_PIECEWISE", 2)
+    profiling._sample_full_descs = True  # what profile_cudagraph_memory sets on the manager it profiles
+    assert profiling.capture(*args) == [8, 4, 2, 1, 10, 2]  # vLLM's order, whatever STAGING_PLUGIN_ORDER says
+    assert plugin_log.warnings == []

@@ -9,6 +9,7 @@ import ast
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import sysconfig
@@ -55,23 +56,13 @@ def test_no_message_of_the_package_names_a_file_of_this_repository() -> None:
 
 @pytest.fixture(scope="module")
 def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    out = tmp_path_factory.mktemp("wheel")
-    subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pip",
-            "wheel",
-            "-q",
-            "--no-deps",
-            "--no-build-isolation",
-            "-w",
-            str(out),
-            str(ROOT),
-        ],
-        check=True,
-        capture_output=True,
-    )
+    """Built from a copy of the sources (setuptools writes build/ beside what it builds)."""
+    out, source = tmp_path_factory.mktemp("wheel"), tmp_path_factory.mktemp("source")
+    for name in ("pyproject.toml", "README.md", "LICENSE"):
+        shutil.copy(ROOT / name, source / name)
+    shutil.copytree(PACKAGE, source / PACKAGE.name, ignore=shutil.ignore_patterns("__pycache__"))
+    pip = [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation"]
+    subprocess.run([*pip, "-w", str(out), str(source)], check=True, capture_output=True)
     (built,) = out.glob("vllm_staging_plugin-*.whl")
     return built
 

@@ -38,8 +38,8 @@ SUPPORTED_PLATFORMS = ("cuda", "rocm", "cpu", "unspecified")
 
 # What the engine reads on a manager beside what it wraps (patch.py's registry lists each read): the
 # profiling pass's mark. 0.29.0-0.33.0: ``_max_full_descs_to_capture``, an int during vLLM's
-# memory-profiling capture and None otherwise. Upstream main after vllm-project/vllm#51700 (read at
-# vllm-project/vllm@9fa4eff36cecfe0949927f31043a9871cffb5e20, vllm/v1/worker/gpu/cudagraph_utils.py):
+# memory-profiling capture and None otherwise. Upstream main after vllm-project/vllm#51700 (read in
+# vllm/v1/worker/gpu/cudagraph_utils.py, a public code index's newest copy; docs/compatibility.md):
 # ``_sample_full_descs``, a bool, True during that capture. A release whose module has no
 # ``profile_cudagraph_memory`` (0.18.0-0.28.x measure no graph memory) has no profiling capture.
 PROFILING_LIMIT = "_max_full_descs_to_capture"
