@@ -441,3 +441,24 @@ def test_a_v1_runner_built_through_the_later_guard_releases_both_patch_hooks(
     second.uninstall()
     first.uninstall()
     assert runner.__dict__["__init__"] is not None and not hasattr(runner.__dict__["__init__"], "__wrapped__")
+
+
+def test_a_ledger_restores_the_value_before_its_first_holder_when_its_last_one_leaves() -> None:
+    from vllm_staging_plugin._engine.installer import RayPrefixLedger
+
+    ledger, first, second = RayPrefixLedger(), Installer(Settings()), Installer(Settings())
+    env = {RAY_PREFIXES_VARIABLE: " A_ , B_"}
+    ledger.hold(first, env)
+    ledger.hold(second, env)
+    assert env[RAY_PREFIXES_VARIABLE] == "A_,B_,STAGING_PLUGIN_"
+    ledger.release(first, env)
+    ledger.release(first, env)  # twice: still held by the second
+    assert env[RAY_PREFIXES_VARIABLE] == "A_,B_,STAGING_PLUGIN_"
+    ledger.release(second, env)
+    assert env == {RAY_PREFIXES_VARIABLE: " A_ , B_"}  # exactly what the operator wrote
+    ledger.release(second, env)  # nothing held: nothing to do
+    other: dict[str, str] = {}  # an environment without the variable gets it, and loses it again
+    ledger.hold(first, other)
+    assert other == {RAY_PREFIXES_VARIABLE: "STAGING_PLUGIN_"}
+    ledger.release(first, other)
+    assert other == {} and env == {RAY_PREFIXES_VARIABLE: " A_ , B_"}

@@ -52,6 +52,15 @@ def test_the_k3_dspark_deployment_is_answered_with_every_aux_buffer(
 ) -> None:
     code, out = k3_check(capsys, block, tokens, tp)
     assert code == 0 and out["architecture"] == "KimiK3ForConditionalGeneration"
+    assert out["answered"] is True and out["unanswered"] == []  # every question answered in this environment
+    assert out["serve"] | {"advice": None} == {
+        "applies": False,
+        "checked": False,
+        "ok": None,
+        "error": None,
+        "advice": None,
+        "fix": None,
+    }  # fmt: skip  K3's own KDA metadata
     assert out["decode_query_len"] == 1 + (tokens or block)  # vLLM takes the block size when unset
     assert out["capacity"] == capacity and out["plugin"]["ok"] is True
     buffers = out["plugin"]["buffers"]
@@ -71,6 +80,20 @@ def test_the_k3_dspark_deployment_is_answered_with_every_aux_buffer(
     assert stock["allocated_by"] == f"PIECEWISE num_tokens={crash[0]}"
     assert workaround["verified"] is True
     assert workaround["cudagraph_capture_sizes"] == sorted([*POWERS, capacity])
+
+
+def test_every_model_folder_shipped_is_checked_above() -> None:
+    """tests/data holds the K3 cut and its drafters, each checked above with the README's example among
+    them (block 8, 8 tokens, tensor parallel 8); a folder added there must be added to that test."""
+    shipped = {p for p in (ROOT / "tests" / "data").iterdir() if p.is_dir()}
+    assert shipped == {K3_4_LAYERS, *K3_DRAFTERS.values()}
+    readme = (ROOT / "README.md").read_text()
+    example = '"method": "dspark", "model": "tests/data/kimi-k3-dspark-b8", "num_speculative_tokens": 8'
+    assert (
+        "check -- tests/data/kimi-k3-4l" in readme
+        and example in readme
+        and "--tensor-parallel-size 8" in readme
+    )
 
 
 def _tool() -> Any:

@@ -149,3 +149,14 @@ def test_a_signal_reaches_the_live_layers_underneath_only() -> None:
     wraps[2].signal("other")  # a name the wraps do not hold: nothing
     wraps[0].signal("capture")  # the bottom layer has nothing underneath
     assert heard == []
+
+
+def test_a_chain_of_dead_layers_is_walked_down_to_vllms_own() -> None:
+    cls = type("Manager", (), {"capture": vllms})
+    wraps = []
+    for _ in range(3):
+        wrap = ClassWrap(cls, ("capture",))
+        wrap.apply({"capture": layer(wrap.stock["capture"])})
+        wraps.append(wrap)
+    assert wraps[0].restore() == [] and wraps[1].restore() == []  # both under the third: left in place
+    assert wraps[2].restore() == [] and cls.__dict__["capture"] is vllms

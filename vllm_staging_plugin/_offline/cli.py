@@ -355,7 +355,9 @@ def _run(parser: argparse.ArgumentParser, words: list[str], serve_args: list[str
         _refuse(f"{unknown[0]!r} looks like a model: the vllm serve arguments go after `--`, as in: "
                 f"{PREFLIGHT_FORM}", as_json=args.json)  # fmt: skip
     if unknown:
-        parser.error(f"unrecognized arguments: {' '.join(unknown)}")
+        prog = f"{parser.prog} {args.command}"
+        _refuse(f"unrecognized arguments: {' '.join(unknown)} (`{prog} --help` explains the options)",
+                as_json=getattr(args, "json", False), prog=prog)  # fmt: skip
     if args.command in ("report", "patch"):
         if serve_args is not None:
             parser.error(f"{args.command} takes no `-- MODEL [vllm serve arguments]`")

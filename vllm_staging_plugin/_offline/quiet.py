@@ -28,6 +28,11 @@ CPU_ONLY = (
     ("vllm.model_executor.layers.fused_moe.experts.gpt_oss_triton_kernels_moe", _NO_TRITON_KERNELS),
     ("torch._library.triton", "Triton not available"),
 )
+# (logger, start of the message): failures the check reports itself, in one line with what to do
+REPORTED = (
+    ("vllm.model_executor.models.registry", "Error in inspecting model architecture"),
+    ("vllm.model_executor.models.registry", "Error in loading model architecture"),
+)
 EXPLAINED = (
     "note: messages about vllm._C and Triton are expected on a machine without a GPU (no CUDA kernels "
     "or Triton here); the check needs neither"
@@ -45,7 +50,8 @@ class _DropCpuOnly(logging.Filter):
 
 @contextlib.contextmanager
 def quiet_logs(verbose: bool) -> Iterator[None]:
-    """Quiet vLLM for the block (WARNING and up, minus the CPU-only messages of :data:`CPU_ONLY`);
+    """Quiet vLLM for the block (WARNING and up, minus the CPU-only messages of :data:`CPU_ONLY` and the
+    failures the check reports itself, :data:`REPORTED`);
     ``verbose`` changes nothing but says in one line why those messages appear."""
     if verbose:
         print(EXPLAINED, file=sys.stderr)
@@ -58,7 +64,7 @@ def quiet_logs(verbose: bool) -> Iterator[None]:
                 vllm_logger = logging.getLogger("vllm")
                 stack.callback(vllm_logger.setLevel, vllm_logger.level)
                 vllm_logger.setLevel(logging.WARNING)
-        for name, prefix in CPU_ONLY:
+        for name, prefix in (*CPU_ONLY, *REPORTED):
             logger, dropped = logging.getLogger(name), _DropCpuOnly(prefix)
             logger.addFilter(dropped)
             stack.callback(logger.removeFilter, dropped)

@@ -40,6 +40,19 @@ class ReplayResult:
     buffers: dict[str, dict[str, Any]] = field(default_factory=dict)
     forwards: list[int] = field(default_factory=list)
     """``num_tokens`` of every forward the capture ran, in order (warm-up and capture pass)."""
+    conclusive: bool = True
+    """The capture ended as a deployment's would: it completed, failed at vLLM's staging copy, or the
+    plugin refused; False when the replay itself broke (another error), so it answers nothing."""
+
+
+STAGING_COPY_ERROR = "must match the existing size"  # torch's words when the staging copy does not fit
+
+
+def conclusive(exc: BaseException) -> bool:
+    """vLLM's staging copy not fitting, or the plugin's own engine refusing: what a GPU capture would do."""
+    return (isinstance(exc, RuntimeError) and STAGING_COPY_ERROR in str(exc)) or type(
+        exc
+    ).__module__.startswith("vllm_staging_plugin._engine")
 
 
 def features() -> dict[str, bool]:
@@ -71,14 +84,14 @@ def run_capture(manager: Any, cfg: ReplayConfig) -> ReplayResult:
     upstream = None
     if not cfg.first_pp_rank:
         upstream = {k: torch.zeros(rows, cfg.hidden_size, dtype=cfg.dtype) for k in cfg.intermediate_keys}
-    error = None
+    error, settled = None, True
     model = Model(cfg)
     block_tables = BlockTables() if cfg.dbo else None  # the microbatched capture asks them for dummies
     try:
         seams.capture_on_cpu(manager, model, max_num_seqs=cfg.max_num_seqs, rows=rows, upstream=upstream,
                              aux_hidden_states=cfg.aux_layers > 0, block_tables=block_tables)  # fmt: skip
     except Exception as exc:
-        error = f"{type(exc).__name__}: {exc}"
+        error, settled = f"{type(exc).__name__}: {exc}", conclusive(exc)
     walked = seams.replayed_plan(manager)  # the order captured, a patch's too
     walked = plan if walked is None else walked
     return ReplayResult(
@@ -88,6 +101,7 @@ def run_capture(manager: Any, cfg: ReplayConfig) -> ReplayResult:
         capacity=staging_capacity(plan),
         buffers=staging_buffer_bytes(manager),
         forwards=model.forwards,
+        conclusive=settled,
     )
 
 

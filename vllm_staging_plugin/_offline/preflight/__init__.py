@@ -25,19 +25,21 @@ from ..text import first_line
 from . import workaround
 from .arguments import PARSER_MODULE, check_order, has_serve_parser, parse_serve_arguments
 from .configure import create_engine_config, inspect_model_classes
+from .missing import missing_module
 from .model_source import check_model, check_model_early
 from .phases import Phases
 from .platform import GPUS, Gpu, node_gpus, platform_for_check, platform_json
 from .refusals import GPU_HOST, BadArguments, CannotCheckHere
 from .render import render
-from .result import Preflight, StageResult
+from .result import Preflight, ServingFix, StageResult
 
 __all__ = [
-    "EXIT_BAD_ARGUMENTS", "EXIT_BOOTS", "EXIT_CANNOT_CHECK_HERE", "EXIT_FAILS", "EXIT_WILL_NOT_SERVE", "GPUS",
-    "main", "run",
+    "EXIT_BAD_ARGUMENTS", "EXIT_BOOTS", "EXIT_CANNOT_CHECK_HERE", "EXIT_FAILS", "EXIT_NOT_ANSWERED",
+    "EXIT_WILL_NOT_SERVE", "GPUS", "exit_code", "main", "run",
 ]  # fmt: skip
 EXIT_BOOTS, EXIT_FAILS, EXIT_BAD_ARGUMENTS, EXIT_CANNOT_CHECK_HERE = 0, 1, 2, 3
 EXIT_WILL_NOT_SERVE = 4  # boots with the plugin, then vLLM's shared KDA layer faults on a mixed step
+EXIT_NOT_ANSWERED = 5  # a question that could change the verdict was not answered here (the report says)
 
 
 @contextlib.contextmanager
@@ -139,6 +141,10 @@ def run(
                 plugin, _ = replay_arm(vllm_config, inputs, patched=True, stage=stage, settings=settings)
                 stages.append(StageResult(stage.index, stage.staged, stock, plugin))
             kda_step, kda_step_error = _kda_step(vllm_config)
+        serving_fix = None
+        if kda_step is not None and kda_step.faults:
+            with phases.phase("serving fix"):
+                serving_fix = _without_replayssm(argv, configure, settings)
         plan = runs[-1][2]  # vLLM's own plan (the same at every stage)
         compilation = vllm_config.compilation_config
         sizes = sorted(compilation.cudagraph_capture_sizes or [])
@@ -194,6 +200,7 @@ def run(
         vllm_presizes=presizes,
         kda_step=kda_step,
         kda_step_error=kda_step_error,
+        serving_fix=serving_fix,
     )
 
 
@@ -205,7 +212,37 @@ def _kda_step(vllm_config: Any) -> tuple[Any, str | None]:
     try:
         return seams.kda_mixed_step(vllm_config), None
     except Exception as exc:
+        architectures = getattr(vllm_config.model_config, "architectures", None) or []
+        import_errors = [seams.model_import_error(a) for a in architectures if isinstance(a, str)]
+        missing = next(filter(None, map(missing_module, [exc, *import_errors])), None)
+        if missing is not None:
+            return None, f"vLLM cannot load the model class: {missing.advice}"
         return None, f"{type(exc).__name__}: {first_line(str(exc))}"
+
+
+REPLAYSSM_FLAGS = ("--use-replayssm", "--use_replayssm")
+
+
+def _without_replayssm(argv: Sequence[str], configure: Any, settings: Any) -> ServingFix:
+    """The arguments without ``--use-replayssm`` through the whole check again: vLLM's config, both arms
+    at every stage and the serving question (the KDA fault's first fix, verified, not assumed)."""
+    from .replay import replay_arm, replay_stock
+
+    words = [w for w in argv if w.split("=", 1)[0] not in REPLAYSSM_FLAGS]
+    config = configure(words)
+    inputs = seams.manager_inputs(config)
+    runs = replay_stock(config, inputs)
+    capacity = workaround.widest(runs[-1][2])
+
+    def fits(arm: Any) -> bool:
+        return bool(arm.ok) and all(b["rows"] >= capacity for b in arm.buffers.values())
+
+    plugin = [
+        replay_arm(config, inputs, patched=True, stage=stage, settings=settings)[0] for stage, _, _ in runs
+    ]
+    step, error = _kda_step(config)
+    serves = None if error is not None else (step is None or not step.faults)
+    return ServingFix(words, all(arm.ok for _, arm, _ in runs), all(map(fits, plugin)), serves)
 
 
 def _query_lengths(vllm_config: Any) -> list[int]:
@@ -241,12 +278,23 @@ def main(
             return _fail(internal.EXIT_INTERNAL, "internal error", internal.describe(exc), as_json)
         message = f"{type(exc).__name__}: {first_line(str(exc))}; {GPU_HOST}"  # vLLM raised inspecting it
         return _fail(EXIT_CANNOT_CHECK_HERE, "cannot check on this machine", message, as_json)
-    code = EXIT_FAILS if not result.plugin_boots else EXIT_BOOTS if result.serves else EXIT_WILL_NOT_SERVE
+    code = exit_code(result)
     if as_json:
         print(json.dumps({**result.to_json(), "exit_code": code}, indent=1))
     else:
         print(render(result))
     return code
+
+
+def exit_code(result: Preflight) -> int:
+    """1 when the plugin does not boot it, 4 when it boots but will not serve, 5 when a question that
+    could change that was not answered here (a plugin arm's replay broke, or the serving check), else 0."""
+    plugin_arms = [s.plugin for s in result.stages]
+    if not result.plugin_boots:
+        return EXIT_FAILS if all(arm.conclusive for arm in plugin_arms) else EXIT_NOT_ANSWERED
+    if not result.serves:
+        return EXIT_WILL_NOT_SERVE
+    return EXIT_NOT_ANSWERED if result.kda_step_error is not None else EXIT_BOOTS
 
 
 def _fail(code: int, what: str, message: str, as_json: bool) -> int:

@@ -7,6 +7,8 @@ import argparse
 import contextlib
 import importlib.util
 import io
+import json
+import re
 from collections.abc import Sequence
 
 from .refusals import BadArguments
@@ -41,7 +43,7 @@ def parse_serve_arguments(argv: Sequence[str]) -> argparse.Namespace:
         if exc.code in (0, None):  # --help
             raise
         said = [line for line in errors.getvalue().splitlines() if "error:" in line]  # not the usage
-        text = said[-1].strip() if said else f"vllm serve exited with {exc.code}"
+        text = _not_json(said[-1].strip()) if said else f"vllm serve exited with {exc.code}"
         ours = [w for w in argv if w.split("=", 1)[0] in CHECK_OPTIONS]
         if "unrecognized arguments" in text and ours:
             text += f" ({' '.join(ours)}: options of the check go before `--`)"
@@ -55,6 +57,25 @@ def parse_serve_arguments(argv: Sequence[str]) -> argparse.Namespace:
     except (ValueError, TypeError) as exc:
         raise BadArguments(f"{type(exc).__name__}: {exc}") from None
     return args
+
+
+NOT_CONVERTED = re.compile(
+    r"argument (\S+?): Value (.*) cannot be converted to <function loads at 0x[0-9a-f]+>\.?$"
+)
+
+
+def _not_json(text: str) -> str:
+    """argparse's ``Value ... cannot be converted to <function loads at 0x...>`` for a JSON option, as
+    what is wrong with the JSON (json's own words) instead."""
+    found = NOT_CONVERTED.search(text)
+    if found is None:
+        return text
+    flag, value = found.groups()
+    try:
+        json.loads(value)
+    except ValueError as exc:
+        return f"vllm serve: error: argument {flag}: not valid JSON ({exc}): {value}"
+    return text
 
 
 def check_order(order: str, source: str = "--order") -> None:

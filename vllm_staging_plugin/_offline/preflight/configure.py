@@ -10,6 +10,7 @@ from typing import Any
 
 from .. import seams
 from ..text import first_line
+from .missing import missing_module
 from .refusals import GPU_HOST, BadArguments, CannotCheckHere
 
 
@@ -17,15 +18,8 @@ def inspect_model_classes(model: str) -> None:
     """Have vLLM's registry inspect the model's architectures (a subprocess the first time, then its
     cache), so the configuration build that follows finds them cached. Local folders only; a hub
     model is inspected inside the configuration build."""
-    path = os.path.join(os.path.expanduser(model), "config.json")
-    try:
-        with open(path) as f:
-            architectures = json.load(f).get("architectures") or []
-    except (OSError, ValueError, AttributeError):
-        return
-    for architecture in architectures:
-        if isinstance(architecture, str):
-            seams.inspect_architecture(architecture)
+    for architecture in _architectures(model):
+        seams.inspect_architecture(architecture)
 
 
 def create_engine_config(args: argparse.Namespace) -> Any:
@@ -37,6 +31,9 @@ def create_engine_config(args: argparse.Namespace) -> Any:
         engine_args = AsyncEngineArgs.from_cli_args(args)
         return engine_args.create_engine_config(usage_context=UsageContext.OPENAI_API_SERVER)
     except ImportError as exc:
+        missing = missing_module(exc)
+        if missing is not None:
+            raise CannotCheckHere(f"building the configuration failed: {missing.advice}") from exc
         raise CannotCheckHere(
             f"building the configuration imports a module this machine cannot load ({type(exc).__name__}: "
             f"{exc}); {GPU_HOST}"
@@ -49,6 +46,9 @@ def create_engine_config(args: argparse.Namespace) -> Any:
                 f"have ({first_line(text)}); {GPU_HOST}"
             ) from exc
         if kind == "inspection":
+            missing = next(filter(None, map(missing_module, _import_errors(args))), None)
+            if missing is not None:
+                raise CannotCheckHere(f"vLLM cannot inspect the model class: {missing.advice}") from exc
             raise CannotCheckHere(
                 f"vLLM cannot inspect the model class on this machine ({first_line(text)}); {GPU_HOST}"
             ) from exc
@@ -58,6 +58,21 @@ def create_engine_config(args: argparse.Namespace) -> Any:
                 "`architectures` in config.json and the vLLM version)"
             ) from exc
         raise BadArguments(condense(text)) from exc
+
+
+def _import_errors(args: argparse.Namespace) -> list[ImportError | None]:
+    """Why each architecture of the model's config.json fails to import here (local folders only)."""
+    return [seams.model_import_error(a) for a in _architectures(str(args.model))]
+
+
+def _architectures(model: str) -> list[str]:
+    path = os.path.join(os.path.expanduser(model), "config.json")
+    try:
+        with open(path) as f:
+            found = json.load(f).get("architectures") or []
+    except (OSError, ValueError, AttributeError):
+        return []
+    return [a for a in found if isinstance(a, str)]
 
 
 def condense(text: str) -> str:

@@ -7,31 +7,6 @@ from ..text import describe_buffers, shorten
 from .result import Preflight
 
 
-def _serve_lines(result: Preflight) -> list[str]:
-    """Whether vLLM's shared KDA layer survives a step that mixes a speculative decode with a prefill."""
-    step = result.kda_step
-    if step is None:
-        return (
-            [] if result.kda_step_error is None else [f"serving: not checked here ({result.kda_step_error})"]
-        )
-    where = f"vLLM's shared KDA layer ({step.layer}, {step.builder})"
-    if not step.faults:
-        return [f"serving: {where} indexes a speculative decode beside a prefill with {step.index_columns} "
-                f"state columns for its {step.query_length} tokens"]  # fmt: skip
-    extra = step.extra_bytes_per_request / 1024**2
-    return [
-        "",
-        f"WARNING serving: {where} reads past its state index on every step that mixes a speculative "
-        "decode with a prefill: the engine dies (CUDA illegal memory access) or another request's state "
-        "is overwritten",
-        f"  why   --use-replayssm leaves it {step.index_columns} state slot per request; its kernel reads "
-        f"{step.query_length} index words (1 + {step.query_length - 1} speculative tokens)",
-        f"  fix   drop --use-replayssm ({step.query_length - 1} more state slots per request in its "
-        f"{step.kda_layers} KDA layers: {extra:.1f} MiB per request on each GPU), or patch vLLM with "
-        "`vllm-staging-plugin patch kda --apply` (same memory, --use-replayssm kept)",
-    ]
-
-
 def render(result: Preflight) -> str:
     """The human-readable report."""
     p = result.platform
@@ -79,7 +54,7 @@ def render(result: Preflight) -> str:
         why = result.plugin.error or f"buffers hold fewer than {result.capacity} rows"
         lines.append(f"with the plugin (order {result.order}): does NOT boot: {why}")
     lines.append(f"ranks: {result.ranks_replayed}")
-    lines.extend(_serve_lines(result))
+    lines.extend(result.serve_lines())
     fix = result.workaround
     if fix is not None:
         lines.append("")
@@ -93,7 +68,15 @@ def render(result: Preflight) -> str:
         if fix.nearby_widths:
             widths = " or ".join(str(w) for w in fix.nearby_widths)
             lines.append(f"  or keep your grid with {widths} speculative tokens: stock vLLM boots that too")
+        if not result.serves:
+            lines.append("  this gets stock vLLM through the capture only: the serving fault above stays "
+                         "(its fix is above)")  # fmt: skip
+        elif result.kda_step_error is not None:
+            lines.append("  whether it then serves was not checked here (see serving above)")
     if result.notes:
         lines.append("")
         lines.extend(f"note: {note}" for note in result.notes)
+    if result.unanswered:
+        lines += ["", "NOT ANSWERED here (the report above is incomplete):"]
+        lines.extend(f"  {gap}" for gap in result.unanswered)
     return "\n".join(lines)

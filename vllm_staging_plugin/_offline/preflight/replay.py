@@ -95,7 +95,8 @@ def replay_arm(
         plan = capture_sequence(descs)  # vLLM's own order, before any policy
         result = cpu_replay.run_capture(manager, cfg)
     ran = _ran(result.forwards, flat)
-    arm = Arm(ok=result.ok, error=result.error, sequence=_by_mode(ran), buffers=result.buffers)
+    arm = Arm(ok=result.ok, error=result.error, sequence=_by_mode(ran), buffers=result.buffers,
+              conclusive=result.conclusive)  # fmt: skip
     if ran:
         arm.allocated_by = _describe(*ran[0])  # store_capture_output allocates from the first output
         if not result.ok:

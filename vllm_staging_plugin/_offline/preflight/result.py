@@ -18,6 +18,7 @@ class Arm:
     buffers: dict[str, dict[str, Any]]
     allocated_by: str | None = None
     failed_at: str | None = None
+    conclusive: bool = True  # False: the replay broke on something else, so this arm answers nothing
 
 
 @dataclass
@@ -28,6 +29,20 @@ class StageResult:
     staged: str  # "hidden_states" (last stage) or "intermediate_tensors"
     stock: Arm
     plugin: Arm
+
+
+@dataclass
+class ServingFix:
+    """The operator's arguments without ``--use-replayssm``, checked again from the start."""
+
+    serve_arguments: list[str]
+    stock_boots: bool
+    plugin_boots: bool
+    serves: bool | None  # None: the serving question could not be answered on them either
+
+    def to_json(self) -> dict[str, Any]:
+        return {"serve_arguments": self.serve_arguments, "stock_boots": self.stock_boots,
+                "plugin_boots": self.plugin_boots, "serves": self.serves}  # fmt: skip
 
 
 @dataclass
@@ -57,12 +72,69 @@ class Preflight:
     vllm_presizes: bool = False  # the installed vLLM sizes its staging by the largest descriptor itself
     kda_step: KdaMixedStep | None = None  # vLLM's shared KDA layer on a decode beside a prefill
     kda_step_error: str | None = None  # why that could not be checked here
+    serving_fix: ServingFix | None = None  # where it faults: the arguments re-checked without the fault
 
     @property
     def serves(self) -> bool:
         """False when vLLM's shared KDA layer reads past its state index on a speculative decode beside a
         prefill (the engine dies or overwrites another request's state)."""
         return self.kda_step is None or not self.kda_step.faults
+
+    @property
+    def unanswered(self) -> list[str]:
+        """Each question the check could not answer here, with why: a replayed arm that broke on
+        something other than the staging copy, and the serving question."""
+        gaps = [
+            f"{who} at pipeline stage {s.index}: the replay broke ({arm.error})"
+            for s in self.stages
+            for who, arm in (("stock vLLM", s.stock), ("with the plugin", s.plugin))
+            if not arm.conclusive
+        ]
+        if self.kda_step_error is not None:
+            gaps.append(f"serving (vLLM's shared KDA layer on a step mixing a speculative decode with a "
+                        f"prefill): {self.kda_step_error}")  # fmt: skip
+        return gaps
+
+    def serve_lines(self) -> list[str]:
+        """Whether vLLM's shared KDA layer survives a step that mixes a speculative decode with a prefill:
+        the report's lines, which ``--json`` carries as the serving question's advice."""
+        step = self.kda_step
+        if step is None:
+            return (
+                [] if self.kda_step_error is None else [f"serving: NOT CHECKED here ({self.kda_step_error})"]
+            )
+        where = f"vLLM's shared KDA layer ({step.layer}, {step.builder})"
+        if not step.faults:
+            return [f"serving: {where} indexes a speculative decode beside a prefill with "
+                    f"{step.index_columns} state columns for its {step.query_length} tokens"]  # fmt: skip
+        extra = step.extra_bytes_per_request / 1024**2
+        return [
+            "",
+            f"WARNING serving: {where} reads past its state index on every step that mixes a speculative "
+            "decode with a prefill: the engine dies (CUDA illegal memory access) or another request's state "
+            "is overwritten",
+            f"  why   --use-replayssm leaves it {step.index_columns} state slot per request; its kernel "
+            f"reads {step.query_length} index words (1 + {step.query_length - 1} speculative tokens)",
+            f"  fix   drop --use-replayssm ({step.query_length - 1} more state slots per request in its "
+            f"{step.kda_layers} KDA layers: {extra:.1f} MiB per request on each GPU), or patch vLLM with "
+            "`vllm-staging-plugin patch kda --apply` (same memory, --use-replayssm kept)",
+            *self._serving_fix_lines(),
+        ]
+
+    def _serving_fix_lines(self) -> list[str]:
+        fix = self.serving_fix
+        if fix is None:
+            return []
+        if fix.serves is None:
+            return ["        (without --use-replayssm: checked again, serving still not answered here)"]
+        if not fix.serves:
+            return ["        (without --use-replayssm: checked again, the layer still reads past its index)"]
+        boots = (
+            "stock vLLM and the plugin boot it"
+            if fix.stock_boots
+            else ("the plugin boots it (stock vLLM does not)" if fix.plugin_boots else "it does NOT boot")
+        )
+        return [f"        (without --use-replayssm: checked again, it serves and {boots})"]
 
     def _fits(self, arm: Arm) -> bool:
         return arm.ok and all(b["rows"] >= self.capacity for b in arm.buffers.values())
@@ -134,19 +206,39 @@ class Preflight:
                 }
                 for s in self.stages
             ],
-            "stock_workaround": self.workaround.to_json() if self.workaround else None,
+            "stock_workaround": self._workaround_json(),
             "serve": self._serve_json(),
+            "answered": not self.unanswered,
+            "unanswered": self.unanswered,
             "notes": self.notes,
             "seconds": self.seconds,
         }
 
-    def _serve_json(self) -> dict[str, Any] | None:
+    def _workaround_json(self) -> dict[str, Any] | None:
+        """The grid that boots stock vLLM, with what it does not fix: a serving fault stays."""
+        if self.workaround is None:
+            return None
+        serves = self.serves if self.kda_step_error is None else None
+        fixes = "boot" if serves is not False else "boot only: the serving fault stays (see serve)"
+        return {**self.workaround.to_json(), "fixes": fixes, "serves": serves}
+
+    def _serve_json(self) -> dict[str, Any]:
+        """The serving question, always an object: whether it applies (None: could not tell), whether it
+        was checked, the answer and the report's advice lines."""
         step = self.kda_step
+        advice = [line for line in self.serve_lines() if line]
+        fix = self.serving_fix.to_json() if self.serving_fix else None
         if step is None:
-            return None if self.kda_step_error is None else {"checked": False, "error": self.kda_step_error}
+            applies = None if self.kda_step_error is not None else False
+            return {"applies": applies, "checked": False, "ok": None, "error": self.kda_step_error,
+                    "advice": advice, "fix": fix}  # fmt: skip
         return {
+            "applies": True,
             "checked": True,
             "ok": not step.faults,
+            "error": None,
+            "advice": advice,
+            "fix": fix,
             "layer": step.layer,
             "builder": step.builder,
             "index_columns": step.index_columns,

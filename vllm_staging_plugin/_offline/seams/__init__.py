@@ -15,7 +15,14 @@ rebinds a vLLM global.
 """
 
 from .changed import SeamChanged
-from .config import capability_family, config_failure, derive_capture_sizes, inspect_architecture, model_class
+from .config import (
+    capability_family,
+    config_failure,
+    derive_capture_sizes,
+    inspect_architecture,
+    model_class,
+    model_import_error,
+)
 from .kda import KdaMixedStep, kda_layer_class, kda_mixed_step
 from .manager import (
     ManagerInputs,
@@ -45,5 +52,6 @@ __all__ = [
     "cpu_capture_edges", "cuda_platform_class", "cudagraph_module", "derive_capture_sizes",
     "graph_pool_stub", "import_under_machine_platform", "inspect_architecture", "kda_layer_class",
     "kda_mixed_step", "kernel_library_answers", "manager_features", "manager_inputs", "model_class",
+    "model_import_error",
     "new_manager", "platform_bound", "replayed_plan",
 ]  # fmt: skip

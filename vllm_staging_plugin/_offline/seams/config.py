@@ -43,6 +43,25 @@ def inspect_architecture(architecture: str) -> None:
             inspect(architecture)
 
 
+def model_import_error(architecture: str) -> ImportError | None:
+    """Why the module of ``architecture``'s model class does not import in this process (None: it
+    does, or vLLM's registry cannot say where it is). Private: the registry's lazy entry and its
+    ``module_name`` (``_LazyRegisteredModel``, 0.18.0-0.33.0); gone, this answers None and the check
+    keeps vLLM's own inspection error."""
+    import importlib
+
+    from vllm.model_executor.models.registry import ModelRegistry
+
+    module = getattr(ModelRegistry.models.get(architecture), "module_name", None)
+    if not isinstance(module, str):
+        return None
+    try:
+        importlib.import_module(module)
+    except ImportError as exc:
+        return exc
+    return None
+
+
 def model_class(vllm_config: Any) -> Any:
     """The model class vLLM resolves for the configuration. Internal: ``ModelRegistry.resolve_model_cls``
     returning ``(class, architecture)`` (0.18.0-0.33.0); renamed or re-shaped, it raises (AttributeError,
