@@ -409,3 +409,29 @@ def test_every_tool_path_leaves_the_process_as_it_found_it(tmp_path: Path, capsy
         main(argv)
         assert_left_as_found(before, _process_state())
         capsys.readouterr()
+
+
+@pytest.mark.usefixtures("offline")
+def test_a_plugin_replay_that_breaks_answers_nothing_and_exits_5(
+    tmp_path: Path, capsys: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Not vLLM's staging copy and not the plugin refusing: the replay itself broke, so the plugin's
+    'does not boot' would be a guess; exit 5 and the gap named."""
+    from vllm_staging_plugin._offline import seams
+    from vllm_staging_plugin._offline.cpu_replay import run
+
+    real = seams.capture_on_cpu
+
+    def breaks_patched(manager: Any, *args: Any, **kwargs: Any) -> None:
+        if "_vllm_staging" in vars(manager):  # the plugin's arm only
+            raise TypeError("capture() got an unexpected keyword argument 'attn_groups'")
+        real(manager, *args, **kwargs)
+
+    monkeypatch.setattr(run.seams, "capture_on_cpu", breaks_patched)
+    code, out = check_json(capsys, model_folder(tmp_path / "qwen3", QWEN3_0_6B), *NO_WEIGHTS)
+    assert code == preflight.EXIT_NOT_ANSWERED and out["plugin"]["ok"] is False
+    assert out["stock"]["ok"] is True and out["answered"] is False
+    assert out["unanswered"] == [
+        "with the plugin at pipeline stage 0: the replay broke (TypeError: capture() got an unexpected "
+        "keyword argument 'attn_groups')"
+    ]

@@ -149,10 +149,13 @@ exit codes:
   2  bad arguments: vLLM rejects the `vllm serve` arguments, a missing model folder, a bad
      --order or STAGING_PLUGIN_ORDER (the message names which)
   3  cannot check on this machine: vLLM cannot inspect the model or the configuration here
-     (the message says what to do)
+     (the message says what to do: the package to install, or to check on the GPU host)
   4  it boots with the plugin but will not serve correctly: vLLM's shared KDA layer (Kimi-Linear)
      under --use-replayssm reads past its state index on each step that mixes a speculative decode
      with a prefill (the WARNING block, or "serve": {"ok": false} with --json, says what to change)
+  5  not fully answered: it boots with the plugin as far as checked, but a question that could
+     change that was not answered here (the serving check, or a replay that broke); "NOT ANSWERED"
+     at the end of the report, or "answered": false and "unanswered" with --json, says which and why
   70 internal error: a bug in the plugin, or a vLLM change it does not know (one line to report;
      -v prints the traceback)
   With --json, codes 2, 3 and 70 print one object with "error" and "message" on stdout.
