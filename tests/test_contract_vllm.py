@@ -149,7 +149,7 @@ EAGLE3_GPU_RECEIPTS = (
 def test_eagle3_grid_recorded_on_the_h200(mocker: Any) -> None:
     """The H200's EAGLE3 boots (2 speculative tokens, FULL largest 504 < PIECEWISE largest 512) replayed on
     the real manager: stock crashes under ascending, the plugin sizes all four buffers to capacity, and under
-    vLLM's order the plugin keeps vLLM's own tensors (docs/results.md, EAGLE3)."""
+    vLLM's order the plugin keeps vLLM's own tensors (docs/data/h200-2026-12-01/README.md, EAGLE3)."""
     recorded = json.loads(
         next(
             EAGLE3_GPU_RECEIPTS.glob("r1-qwen3-0.6b-eagle3-descending-plugin/receipt-capture-*.json")

@@ -42,3 +42,35 @@ def test_no_project_issue_numbers_in_docs_source_or_tests() -> None:
         for match in ISSUE_NUMBER.finditer(path.read_text(errors="replace"))
     ]
     assert found == []
+
+
+LINK = re.compile(r"\]\(([^)\s]+)\)")
+LINKED = [*DOCS, *(ROOT / "docs" / "data").glob("*/README.md"), *(ROOT / "upstream").glob("*.md")]
+
+
+def _anchors(page: Path) -> set[str]:
+    """GitHub's anchors of a page's headings (lower case, punctuation dropped, spaces as hyphens)."""
+    found, fence = set(), False
+    for line in page.read_text().splitlines():
+        fence ^= line.startswith("```")
+        if not fence and line.startswith("#"):
+            found.add(re.sub(r"[^\w\- ]", "", line.lstrip("#").strip().lower()).replace(" ", "-"))
+    return found
+
+
+def test_every_relative_link_of_the_docs_resolves() -> None:
+    broken = []
+    for page in LINKED:
+        fence = False
+        for number, line in enumerate(page.read_text().splitlines(), 1):
+            fence ^= line.startswith("```")
+            for target in [] if fence else LINK.findall(line):
+                if re.match(r"^[a-z]+:", target):
+                    continue
+                path, _, anchor = target.partition("#")
+                linked = (page.parent / path).resolve() if path else page
+                if not linked.exists() or (
+                    anchor and linked.suffix == ".md" and anchor not in _anchors(linked)
+                ):
+                    broken.append(f"{page.relative_to(ROOT)}:{number}: {target}")
+    assert broken == []

@@ -238,7 +238,8 @@ def _real_captures(stage: str) -> dict[tuple[str, str], list[dict[str, Any]]]:
 
 
 def test_recorded_eagle3_receipts_back_the_results() -> None:
-    """docs/results.md's EAGLE3 table: stock 1-row aux buffers and the crash, plugin 512 rows, N = 3."""
+    """docs/data/h200-2026-12-01/README.md, EAGLE3: stock 1-row aux buffers and the crash, plugin 512 rows,
+    N = 3."""
     cells = _real_captures("eagle3")
     aux = {"hidden_states", "aux_hidden_states[0]", "aux_hidden_states[1]", "aux_hidden_states[2]"}
     assert {k: len(v) for k, v in cells.items()} == {
@@ -257,7 +258,8 @@ def test_recorded_eagle3_receipts_back_the_results() -> None:
 
 
 def test_recorded_ray_receipts_carry_the_chosen_order() -> None:
-    """docs/results.md's Ray table: every Ray process that captured did so in the order set on the driver."""
+    """docs/data/h200-2026-12-01/README.md, Ray: every Ray process that captured did so in the order set on
+    the driver."""
     cells = _real_captures("ray")
     counts = {k: len(v) for k, v in cells.items()}
     assert counts == {("ascending", "off-allow-crash"): 1, ("ascending", "on"): 2}

@@ -6,7 +6,7 @@
 # part, back to back (the machine stays warm only about 30 s between runs), carrying .gpu/pK:
 #   bash .gpu/pK/device-stage.sh
 # The last part prints READY; later commands in that run and in later runs on the same warm machine
-# start with:  source /tmp/site/env.sh  (see docs/results.md, "Reproduce")
+# start with:  source /tmp/site/env.sh  (see docs/data/h200-2026-11-30/README.md, "Reproduce")
 set -euo pipefail
 ver=${1:-0.33.0}
 ray=2.60.0  # the Ray executor stage; the GPU image has no Ray
