@@ -193,7 +193,14 @@ def test_growth_keeps_buffers_that_already_fit(fake_module: Any) -> None:
 @pytest.mark.parametrize(
     ("order", "advice"),
     [
-        ("descending", ["vLLM's own order starts with a smaller descriptor", "stock vLLM would crash"]),
+        (
+            "descending",
+            [
+                ". vLLM's own order starts with a smaller descriptor here (as recover-SSM with speculative "
+                "decoding does: its PIECEWISE sizes stop below the largest FULL decode descriptor), so stock "
+                "vLLM would crash",
+            ],
+        ),
         (
             "ascending",
             [

@@ -485,9 +485,8 @@ def test_an_unknown_mark_keeps_vllms_order_with_one_warning_and_still_presizes(
     (warning,) = plugin_log.warnings  # once per process
     assert_says(
         warning,
-        "vllm-staging-plugin: this vLLM's manager has neither _max_full_descs_to_capture nor "
-        "_sample_full_descs",
-        "the memory-profiling capture cannot be told from the real one",
+        "vllm-staging-plugin: this vLLM's manager has neither _max_full_descs_to_capture nor ",
+        "_sample_full_descs, so the memory-profiling capture cannot be told from the real one; "
         "STAGING_PLUGIN_ORDER=ascending is NOT applied",
         "still pre-sized",
         end="Set STAGING_PLUGIN_STRICT=1 to fail instead.",

@@ -160,3 +160,9 @@ def test_a_chain_of_dead_layers_is_walked_down_to_vllms_own() -> None:
         wraps.append(wrap)
     assert wraps[0].restore() == [] and wraps[1].restore() == []  # both under the third: left in place
     assert wraps[2].restore() == [] and cls.__dict__["capture"] is vllms
+
+
+def test_a_wrapper_no_wrap_applied_has_no_owner() -> None:
+    from vllm_staging_plugin._engine.wrapping import owner
+
+    assert owner(layer(vllms)) is None and owner(vllms) is None and owner(None) is None
