@@ -56,7 +56,8 @@ def test_trailing_init_parameters_are_accepted() -> None:
 
 
 def _manager(**state: Any) -> Any:
-    initial = {"_capture_descs": {}, "graphs": {}, "hidden_states": None, "aux_hidden_states": []}
+    initial = {"_capture_descs": {}, "graphs": {}, "hidden_states": None, "aux_hidden_states": [],
+               "vllm_config": SimpleNamespace()}  # fmt: skip
     return SimpleNamespace(**(initial | state))
 
 
@@ -92,6 +93,7 @@ def test_check_manager_accepts_vllms_initial_state_with_or_without_intermediate_
             _manager(intermediate_tensors=0),
             "ModelCudaGraphManager.intermediate_tensors starts as 0, expected None",
         ),
+        (_manager(vllm_config=None), "ModelCudaGraphManager.vllm_config is not set by __init__"),
     ],
     ids=[
         "no descriptors",
@@ -103,6 +105,7 @@ def test_check_manager_accepts_vllms_initial_state_with_or_without_intermediate_
         "aux a tuple",
         "no graphs dict",
         "intermediate_tensors set",
+        "no vllm_config",
     ],
 )
 def test_check_manager_refusals_word_for_word(manager: Any, message: str | None) -> None:

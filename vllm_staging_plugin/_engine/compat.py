@@ -86,6 +86,8 @@ def check_manager(manager: Any) -> None:
             raise IncompatibleVllm(f"{MANAGER_CLASS}.{name} is not set by __init__")
         if state[name] != initial or type(state[name]) is not type(initial):
             raise IncompatibleVllm(f"{MANAGER_CLASS}.{name} starts as {state[name]!r}, expected {initial!r}")
+    if getattr(manager, "vllm_config", None) is None:  # the rank agreement reads its parallel layout
+        raise IncompatibleVllm(f"{MANAGER_CLASS}.vllm_config is not set by __init__")
 
 
 def platform_name() -> str:

@@ -33,7 +33,9 @@ pin them): ``_capture_descs`` and the three staging attributes (checked after ``
 profiling pass's mark (``_max_full_descs_to_capture`` on 0.29.0-0.33.0, ``_sample_full_descs`` on
 upstream main; :func:`.compat.profiling_pass`: an unrecognized mark keeps vLLM's order with one warning);
 ``graphs`` (a dict, checked after ``__init__``; :mod:`.staging` never replaces a buffer once a graph
-recorded it); ``pool`` and ``is_last_pp_rank`` (receipts only, read with defaults).
+recorded it); ``vllm_config`` (checked after ``__init__``; under a non-default order :mod:`.agreement`
+reads its parallel layout, receipts its model); ``pool`` and ``is_last_pp_rank`` (receipts only, read with
+defaults; a receipt that fails never fails the capture).
 ``vllm.v1.worker.gpu_model_runner.GPUModelRunner.__init__`` (wrapped, :mod:`.runner_guard`)
     Why: on the V1 runner there is no manager and the plugin would be silently inactive.
     How: one warning (strict: an error); unwrapped as soon as a V2 manager is built.
