@@ -94,6 +94,10 @@ def test_check_manager_accepts_vllms_initial_state_with_or_without_intermediate_
             "ModelCudaGraphManager.intermediate_tensors starts as 0, expected None",
         ),
         (_manager(vllm_config=None), "ModelCudaGraphManager.vllm_config is not set by __init__"),
+        (
+            SimpleNamespace(_capture_descs={}, graphs={}, hidden_states=None, aux_hidden_states=[]),
+            "ModelCudaGraphManager.vllm_config is not set by __init__",
+        ),
     ],
     ids=[
         "no descriptors",
@@ -105,6 +109,7 @@ def test_check_manager_accepts_vllms_initial_state_with_or_without_intermediate_
         "aux a tuple",
         "no graphs dict",
         "intermediate_tensors set",
+        "vllm_config None",
         "no vllm_config",
     ],
 )
