@@ -85,6 +85,7 @@ BAD_INPUTS = [  # (words, environment, exit code, the one line says)
     (["--"], {}, 2, f"nothing after `--`: {FORM}"),
     (["./qwen3", "--max-num-seqs", "4"], {}, 2,
      f"'./qwen3' looks like a model: the vllm serve arguments go after `--`, as in: {FORM}"),
+    (["--", "a/b/qwen3"], {}, 2, "model 'a/b/qwen3': no such folder, and not a Hugging Face repository id"),
     (["--bogus"], {}, 2,
      "unrecognized arguments: --bogus (`vllm-staging-plugin check --help` explains the options)"),
     # last: vLLM's own parser reads it, so vLLM is imported from here on in its child

@@ -70,8 +70,12 @@ def _hub_model_reachable(model: str, revision: str | None) -> None:
         return
     try:
         cached = try_to_load_from_cache(model, "config.json", revision=revision)
-    except Exception:  # not a valid repository id: vLLM's own message says so
-        return
+    except Exception:  # not a valid repository id, so not a hub model: a folder that is not there
+        _typo_of_a_folder(model)
+        raise BadArguments(
+            f"model {model!r}: no such folder, and not a Hugging Face repository id (a local model is a "
+            "folder holding its config.json)"
+        ) from None
     if isinstance(cached, str):
         return
     _typo_of_a_folder(model)
