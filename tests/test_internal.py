@@ -64,6 +64,9 @@ def test_the_preflight_tells_its_own_bug_from_what_vllm_cannot_inspect(
     answer = json.loads(capsys.readouterr().out)
     assert answer["exit_code"] == 70 and answer["error"] == "internal error"
     assert answer["message"].startswith("internal error (a bug in the plugin")
+    assert preflight.main(["./model"], None, as_json=False) == 70
+    (line,) = capsys.readouterr().err.splitlines()
+    assert line.startswith("vllm-staging-plugin check: internal error (a bug in the plugin")
 
     def vllm_refuses(*args: Any) -> None:
         raise ValueError("Model architectures ['X'] failed to be inspected")

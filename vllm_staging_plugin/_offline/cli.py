@@ -335,21 +335,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except SystemExit as exc:  # argparse's refusals and --help, as exit codes
         return exc.code if isinstance(exc.code, int) else 2
     except Exception as exc:  # the main job's or report's own failure: named, one line
-        return _internal_error(exc, verbose=bool({"-v", "--verbose"} & set(words)), as_json="--json" in words)
+        from . import internal
 
-
-def _internal_error(exc: Exception, verbose: bool, as_json: bool) -> int:
-    from . import internal
-
-    if verbose:
-        print(internal.traceback_text(exc), file=sys.stderr, end="")
-    message = internal.describe(exc)
-    if as_json:
-        print(json.dumps({"plugin_version": __version__, "exit_code": internal.EXIT_INTERNAL,
-                          "error": "internal error", "message": message}))  # fmt: skip
-    else:
-        print(f"vllm-staging-plugin: {message}", file=sys.stderr)
-    return internal.EXIT_INTERNAL
+        verbose = bool({"-v", "--verbose"} & set(words))
+        return internal.fail(exc, "vllm-staging-plugin", verbose, as_json="--json" in words)
 
 
 def _run(parser: argparse.ArgumentParser, words: list[str], serve_args: list[str] | None) -> int:

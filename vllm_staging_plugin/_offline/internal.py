@@ -7,9 +7,12 @@ only under ``-v``.
 
 from __future__ import annotations
 
+import json
+import sys
 import traceback
 from pathlib import Path
 
+from .. import __version__
 from .seams import SeamChanged
 from .text import first_line
 
@@ -55,3 +58,18 @@ def describe(exc: BaseException) -> str:
 
 def traceback_text(exc: BaseException) -> str:
     return "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+
+
+def fail(exc: BaseException, prog: str, verbose: bool, as_json: bool) -> int:
+    """Say it (``prog: <the one line>`` on stderr, or one JSON object on stdout), the traceback first
+    under ``-v``; returns :data:`EXIT_INTERNAL`."""
+    if verbose:
+        print(traceback_text(exc), file=sys.stderr, end="")
+    message = describe(exc)
+    if as_json:
+        said = {"plugin_version": __version__, "exit_code": EXIT_INTERNAL, "error": "internal error",
+                "message": message}  # fmt: skip
+        print(json.dumps(said))
+    else:
+        print(f"{prog}: {message}", file=sys.stderr)
+    return EXIT_INTERNAL

@@ -32,9 +32,7 @@ class Replays:
 
     @property
     def patched_full(self) -> bool:
-        return self.patched.ok and all(
-            b["rows"] >= self.patched.capacity for b in self.patched.buffers.values()
-        )
+        return self.patched.ok and cpu_replay.buffers_hold(self.patched.buffers, self.patched.capacity)
 
 
 @dataclass

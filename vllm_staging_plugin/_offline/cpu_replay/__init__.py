@@ -21,6 +21,7 @@ from .config import (
 from .run import (
     PATCHED,
     ReplayResult,
+    buffers_hold,
     build_manager,
     cpu_stubs,
     features,
@@ -38,6 +39,7 @@ __all__ = [
     "ReplayConfig",
     "ReplayResult",
     "UbatchRunner",
+    "buffers_hold",
     "build_manager",
     "cpu_stubs",
     "default_sizes",

@@ -45,6 +45,11 @@ class ReplayResult:
     plugin refused; False when the replay itself broke (another error), so it answers nothing."""
 
 
+def buffers_hold(buffers: dict[str, dict[str, Any]], rows: int) -> bool:
+    """Every staging buffer of a replay (``ReplayResult.buffers``, the pre-flight's arms) holds ``rows``."""
+    return all(b["rows"] >= rows for b in buffers.values())
+
+
 STAGING_COPY_ERROR = "must match the existing size"  # torch's words when the staging copy does not fit
 
 

@@ -25,7 +25,7 @@ from ..text import first_line
 from . import workaround
 from .arguments import PARSER_MODULE, check_order, has_serve_parser, parse_serve_arguments
 from .configure import create_engine_config, inspect_model_classes
-from .missing import missing_module
+from .missing import missing_behind
 from .model_source import check_model, check_model_early
 from .phases import Phases
 from .platform import GPUS, Gpu, node_gpus, platform_for_check, platform_json
@@ -213,8 +213,7 @@ def _kda_step(vllm_config: Any) -> tuple[Any, str | None]:
         return seams.kda_mixed_step(vllm_config), None
     except Exception as exc:
         architectures = getattr(vllm_config.model_config, "architectures", None) or []
-        import_errors = [seams.model_import_error(a) for a in architectures if isinstance(a, str)]
-        missing = next(filter(None, map(missing_module, [exc, *import_errors])), None)
+        missing = missing_behind(exc, [a for a in architectures if isinstance(a, str)])
         if missing is not None:
             return None, f"vLLM cannot load the model class: {missing.advice}"
         return None, f"{type(exc).__name__}: {first_line(str(exc))}"
@@ -226,6 +225,7 @@ REPLAYSSM_FLAGS = ("--use-replayssm", "--use_replayssm")
 def _without_replayssm(argv: Sequence[str], configure: Any, settings: Any) -> ServingFix:
     """The arguments without ``--use-replayssm`` through the whole check again: vLLM's config, both arms
     at every stage and the serving question (the KDA fault's first fix, verified, not assumed)."""
+    from .. import cpu_replay
     from .replay import replay_arm, replay_stock
 
     words = [w for w in argv if w.split("=", 1)[0] not in REPLAYSSM_FLAGS]
@@ -233,16 +233,13 @@ def _without_replayssm(argv: Sequence[str], configure: Any, settings: Any) -> Se
     inputs = seams.manager_inputs(config)
     runs = replay_stock(config, inputs)
     capacity = workaround.widest(runs[-1][2])
-
-    def fits(arm: Any) -> bool:
-        return bool(arm.ok) and all(b["rows"] >= capacity for b in arm.buffers.values())
-
     plugin = [
         replay_arm(config, inputs, patched=True, stage=stage, settings=settings)[0] for stage, _, _ in runs
     ]
+    plugin_boots = all(arm.ok and cpu_replay.buffers_hold(arm.buffers, capacity) for arm in plugin)
     step, error = _kda_step(config)
     serves = None if error is not None else (step is None or not step.faults)
-    return ServingFix(words, all(arm.ok for _, arm, _ in runs), all(map(fits, plugin)), serves)
+    return ServingFix(words, all(arm.ok for _, arm, _ in runs), plugin_boots, serves)
 
 
 def _query_lengths(vllm_config: Any) -> list[int]:
@@ -272,10 +269,10 @@ def main(
     except CannotCheckHere as exc:
         return _fail(EXIT_CANNOT_CHECK_HERE, "cannot check on this machine", str(exc), as_json)
     except Exception as exc:  # one line, never a traceback (but under -v)
+        if internal.is_internal(exc):
+            return internal.fail(exc, "vllm-staging-plugin check", verbose, as_json)
         if verbose:
             print(internal.traceback_text(exc), file=sys.stderr, end="")
-        if internal.is_internal(exc):
-            return _fail(internal.EXIT_INTERNAL, "internal error", internal.describe(exc), as_json)
         message = f"{type(exc).__name__}: {first_line(str(exc))}; {GPU_HOST}"  # vLLM raised inspecting it
         return _fail(EXIT_CANNOT_CHECK_HERE, "cannot check on this machine", message, as_json)
     code = exit_code(result)

@@ -10,7 +10,7 @@ from typing import Any
 
 from .. import seams
 from ..text import first_line
-from .missing import missing_module
+from .missing import missing_behind, missing_module
 from .refusals import GPU_HOST, BadArguments, CannotCheckHere
 
 
@@ -46,7 +46,7 @@ def create_engine_config(args: argparse.Namespace) -> Any:
                 f"have ({first_line(text)}); {GPU_HOST}"
             ) from exc
         if kind == "inspection":
-            missing = next(filter(None, map(missing_module, _import_errors(args))), None)
+            missing = missing_behind(exc, _architectures(str(args.model)))
             if missing is not None:
                 raise CannotCheckHere(f"vLLM cannot inspect the model class: {missing.advice}") from exc
             raise CannotCheckHere(
@@ -58,11 +58,6 @@ def create_engine_config(args: argparse.Namespace) -> Any:
                 "`architectures` in config.json and the vLLM version)"
             ) from exc
         raise BadArguments(condense(text)) from exc
-
-
-def _import_errors(args: argparse.Namespace) -> list[ImportError | None]:
-    """Why each architecture of the model's config.json fails to import here (local folders only)."""
-    return [seams.model_import_error(a) for a in _architectures(str(args.model))]
 
 
 def _architectures(model: str) -> list[str]:

@@ -5,6 +5,7 @@ installed vLLM's own requirements (its metadata), not from a list of the plugin'
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass
 from importlib import metadata
 
@@ -34,6 +35,17 @@ def missing_module(exc: BaseException | None) -> Missing | None:
                 return Missing(module, vllm_requirement(module))
         exc = exc.__cause__ or exc.__context__
     return None
+
+
+def missing_behind(exc: BaseException, architectures: Iterable[str]) -> Missing | None:
+    """The missing module behind ``exc``, else behind importing each architecture's model class here
+    (vLLM's registry reports that failure as a sentence, without the import error)."""
+    from .. import seams
+
+    found = missing_module(exc)
+    for architecture in architectures:
+        found = found or missing_module(seams.model_import_error(architecture))
+    return found
 
 
 def _normal(name: str) -> str:

@@ -137,7 +137,9 @@ class Preflight:
         return [f"        (without --use-replayssm: checked again, it serves and {boots})"]
 
     def _fits(self, arm: Arm) -> bool:
-        return arm.ok and all(b["rows"] >= self.capacity for b in arm.buffers.values())
+        from ..cpu_replay import buffers_hold
+
+        return arm.ok and buffers_hold(arm.buffers, self.capacity)
 
     @property
     def plugin_boots(self) -> bool:
