@@ -14,33 +14,17 @@ from typing import Any
 
 import pytest
 from atlas.releases import SUPPORTED, span
-from configs import K3_4_LAYERS, KIMI_LINEAR_4_LAYERS, NO_WEIGHTS, QWEN3_0_6B, model_folder
+from configs import K3_4_LAYERS, KIMI_LINEAR_4_LAYERS, QWEN3_0_6B, model_folder
 from stable import assert_says
+from vllm_configs import NGRAM_8, preflight_release, vllm_config
 
 from vllm_staging_plugin._offline import seams
-from vllm_staging_plugin._offline.preflight import arguments, configure
-from vllm_staging_plugin._offline.preflight.platform import GPUS, platform_for_check
+from vllm_staging_plugin._offline.preflight import arguments
 
 pytestmark = [pytest.mark.contract, pytest.mark.usefixtures("model_inspection_cache", "offline")]
 
 
-preflight_release = pytest.mark.skipif(
-    not arguments.has_serve_parser(),
-    reason="this vLLM lacks the parser the pre-flight builds on (vllm.entrypoints.common.cli_args)",
-)
 RELEASE = re.sub(r"^(\d+\.\d+\.\d+).*", r"\1", importlib.import_module("vllm").__version__)
-NGRAM_8 = ["--max-num-seqs", "48", "--speculative-config",
-           '{"method": "ngram", "num_speculative_tokens": 8, "prompt_lookup_max": 2}']  # fmt: skip
-
-
-def vllm_config(model: str, *words: str) -> Any:
-    """vLLM's own VllmConfig for ``vllm serve MODEL WORDS``, built as the pre-flight builds it."""
-    with platform_for_check(GPUS["h200"]) as (platform, emulated):
-        if emulated:
-            type(platform).emulated_count = 8  # one node of eight
-        args = arguments.parse_serve_arguments([model, *NO_WEIGHTS, *words])
-        configure.inspect_model_classes(str(args.model))
-        return configure.create_engine_config(args)
 
 
 @pytest.fixture(scope="module")

@@ -25,6 +25,9 @@ echo "downloading vLLM $ver and $(wc -l < "$here/device-wheels.txt") dependency 
 python3 -m pip download -q "${plat[@]}" -d "$work/dl" "vllm==$ver"
 python3 -m pip download -q "${plat[@]}" -d "$work/bundle/wheels" -r "$here/device-wheels.txt"
 python3 -m pip download -q "${plat[@]}" -d "$work/dl" "ray==$ray"
+case $ver in  # 0.34.0's minimums above the GPU image's transformers 5.17.0, huggingface_hub 1.33.0, tokenizers 0.23.2
+  0.34.*) python3 -m pip download -q "${plat[@]}" -d "$work/bundle/wheels" transformers==5.20.2 huggingface_hub==2.4.0 tokenizers==0.23.3 ;;
+esac
 echo "slimming vLLM (drops kernels a dense model on one Hopper GPU does not load)..."
 mkdir -p "$work/bundle/site"
 python3 -m zipfile -e "$work"/dl/vllm-*.whl "$work/bundle/site"
@@ -34,6 +37,17 @@ v="$work/bundle/site/vllm"
 rm -rf "$v/vllm_flash_attn/_vllm_fa2_C.abi3.so" "$v/third_party/deep_gemm" "$v/third_party/fmha_sm100" "$v/vllm-rs" \
        "$v"/_deepselect_C*.so "$v"/_qutlass_C*.so
 find "$v" -maxdepth 1 -name '_moe_C*.so' ! -name '_moe_C_stable_libtorch*' -delete
+# Forced switch (0.34.0+, recorded with every run on such a payload): on CUDA, kernel_warmup imports the
+# MiniMax-M3 MSA warm-up on every boot, and that module imports the CuTe DSL (nvidia-cutlass-dsl, over
+# 90 MB of wheels, not in the payload). The warm-up returns at once for a model without MiniMax-M3's sparse
+# attention, so the staged copy replaces that module with the same early return and nothing else.
+msa="$v/model_executor/warmup/minimax_m3_msa_warmup.py"
+if [[ -f $msa ]]; then
+  printf '%s\n' '"""Staged copy (vllm-staging-plugin payload): the MiniMax-M3 MSA warm-up without its CuTe DSL imports."""' \
+    '' 'def minimax_m3_msa_warmup(worker) -> None:' \
+    '    """No MiniMax-M3 sparse attention in the models this payload boots: the real warm-up returns here too."""' \
+    '    return None' > "$msa"
+fi
 # Ray without its Java jars and RLlib (79 MB as a wheel; its other needs are on the image or in the wheels)
 unzip -q -o "$work"/dl/ray-*.whl -d "$work/bundle/site"  # unzip keeps raylet/gcs_server executable
 rm -rf "$work/bundle/site/ray/jars" "$work/bundle/site/ray/rllib"

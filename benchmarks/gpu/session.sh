@@ -74,10 +74,19 @@
 #                                                                                   2 calls of ~9.5 min
 #   k3-decode  decode tokens/s on that deployment under vLLM's own order: the plugin against the workaround
 #              grid, then against the patched vLLM, ABAB, N=3 per pair, batches 1 and 16.  about 8 min
+#   v034-kda   vLLM 0.34.0 (payload: build-payload.sh 0.34.0), the Kimi-Linear dense shape at the K3 widths
+#              (shared KDA layer), join traffic, three boots at a time (gpu_memory_utilization 0.2 each):
+#              no plugin x2 (the boot's mixed warm-up step faults), vLLM with kda-spec-state-slots.patch
+#              x1, the plugin x2 (its KDA state-slot fix) and `vllm serve` with the plugin x1.  about 5 min
+#   v034-k3    vLLM 0.34.0, Kimi-K3 as deployed (the shipped MXFP4 cut, DSpark block-8 drafter, 8 tokens,
+#              48 seqs, powers of two to 512, --use-replayssm), join traffic, one boot at a time
+#              (gpu_memory_utilization 0.7: 0.34.0 counts CUDA graphs inside it): no plugin x2, the plugin
+#              x2, the plugin under STAGING_PLUGIN_ORDER=ascending x2 (receipts), `vllm serve` with the
+#              plugin x1; calling it again fills what is missing.                 2 calls of ~9.5 min
 #   decode     steady-state decode tokens/s, vanilla vs plugin under the default order, batch 1 and 64,
 #              Qwen3-0.6B on GPU 0 and Qwen3-8B on GPU 1, N=3 ABBA.                    about 5 min
 set -uo pipefail
-stage=${1:?usage: bash benchmarks/gpu/session.sh kda|kda-dense|k3-control|kda-fault|k3|k3-deploy|k3-serve|k3-tp|k3-decode|tp|pp-eagle3|parallel|decode|eagle3|ray}
+stage=${1:?usage: bash benchmarks/gpu/session.sh v034-kda|v034-k3|kda|kda-dense|k3-control|kda-fault|k3|k3-deploy|k3-serve|k3-tp|k3-decode|tp|pp-eagle3|parallel|decode|eagle3|ray}
 here=$(cd "$(dirname "$0")" && pwd)
 cd "$here/../.."
 root=$(pwd)
@@ -201,6 +210,14 @@ $b5=vanilla$d,$b5=plugin$d,$b7=vanilla$d,$b7=plugin$d" ;;
     timeout "$((t - 15))" $py benchmarks/decode_bench.py run --out "$work" --deadline "$((t - 60))" "${extra[@]}" \
       --engines "$m=plugin,$m-workaround=vanilla,$m=vanilla+vllm-presize" --gpu-mem 0.47 --boot-timeout 480 \
       --batches 1,16 --reps 3 --max-tokens 128 ;;
+  v034-kda)
+    kl=kimi-linear-4l-dense-k3; d=@descending
+    study --models "$kl" --traffic join --fill-to 1 --concurrent 3 --per-gpu 3 --gpu-mem 0.2 --boot-timeout 420 \
+          --serve-plan "$kl=plugin$d" --plan "$kl=vanilla$d*2,$kl=plugin$d*2,$kl=vanilla$d+vllm-kdafix" ;;
+  v034-k3)
+    m=kimi-k3-mxfp4-dspark8; d=@descending
+    study --models "$m" --traffic join --fill-to 1 --concurrent 1 --per-gpu 1 --gpu-mem 0.7 --boot-timeout 480 \
+          --serve-plan "$m=plugin$d" --plan "$m=vanilla$d*2,$m=plugin$d*2,$m=plugin@ascending*2" ;;
   tp)
     study --models qwen3-0.6b --tp 2 --plan "$asc_desc" --fill-to 1 --serve-plan plugin@ascending ;;
   pp-eagle3)

@@ -4,10 +4,12 @@ One place for the supported set and the reason for each boundary (see docs/compa
 
 * 0.14.0-0.17.x: no ``ModelCudaGraphManager`` (MRv2 used ``CudaGraphManager`` with other arguments
   and allocated inside ``capture_graph``): refused, the class is missing.
-* 0.18.0+: ``ModelCudaGraphManager(vllm_config, device, cudagraph_mode, decode_query_len, ...)``
+* 0.18.0-0.33.0: ``ModelCudaGraphManager(vllm_config, device, cudagraph_mode, decode_query_len, ...)``
   with ``_capture_descs`` and lazily allocated ``hidden_states`` / ``aux_hidden_states``
-  (``intermediate_tensors`` from 0.19.0): supported.
-* Later releases are accepted while the structure below holds; a rename leaves vLLM untouched.
+  (``intermediate_tensors`` from 0.19.0), sized by the first capture output: supported, pre-sized.
+* 0.34.0: ``decode_query_lens`` (a mapping) in fourth place, and ``capture()`` sizes every staging buffer
+  by the largest descriptor itself: supported, the plugin leaves the buffers to vLLM (order knob, receipts).
+* Later releases are accepted while one of :data:`SHAPES` holds; a rename leaves vLLM untouched.
 """
 
 from __future__ import annotations
@@ -15,14 +17,31 @@ from __future__ import annotations
 import inspect
 import sys
 from collections.abc import Mapping
+from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
 
 CUDAGRAPH_MODULE = "vllm.v1.worker.gpu.cudagraph_utils"
 MANAGER_CLASS = "ModelCudaGraphManager"
-# Stable since 0.18.0; trailing parameters (lora_capture_cases, varlen_decode, ubatch_runner) are
-# passed straight through, so releases that append parameters stay supported.
-INIT_PREFIX = ("vllm_config", "device", "cudagraph_mode", "decode_query_len")
+
+
+@dataclass(frozen=True)
+class ReleaseShape:
+    """One layout of ``ModelCudaGraphManager`` the plugin knows, told apart by the constructor's leading
+    parameters (trailing ones, such as lora_capture_cases, varlen_decode, ubatch_runner, are passed
+    straight through, so releases that append parameters keep their shape)."""
+
+    releases: str  # where it was read, for messages and docs
+    init_prefix: tuple[str, ...]
+    sizes_staging: bool  # vLLM's own capture() sizes the staging buffers by the largest descriptor
+
+
+SHAPES = (
+    ReleaseShape("0.18.0-0.33.0", ("vllm_config", "device", "cudagraph_mode", "decode_query_len"), False),
+    # vllm/v1/worker/gpu/cudagraph_utils.py 0.34.0, ModelCudaGraphManager.capture: ``max_tokens`` over
+    # ``_capture_descs`` and ``persistent_like`` for hidden, aux and intermediate buffers.
+    ReleaseShape("0.34.0", ("vllm_config", "device", "cudagraph_mode", "decode_query_lens"), True),
+)
 # Attribute -> value ModelCudaGraphManager.__init__ leaves before the first capture output.
 STAGING_INITIAL: dict[str, Any] = {
     "hidden_states": None,
@@ -59,13 +78,20 @@ def manager_class(module: ModuleType) -> type:
     for name in ("__init__", "capture"):
         if not callable(cls.__dict__.get(name)):
             raise IncompatibleVllm(f"{MANAGER_CLASS}.{name} is not defined on the class")
-    params = list(inspect.signature(cls.__dict__["__init__"]).parameters)[1:]
-    if tuple(params[: len(INIT_PREFIX)]) != INIT_PREFIX:
-        raise IncompatibleVllm(
-            f"{MANAGER_CLASS}.__init__ takes ({', '.join(params)}), expected it to start with "
-            f"({', '.join(INIT_PREFIX)})"
-        )
+    release_shape(cls)
     return cls
+
+
+def release_shape(cls: type) -> ReleaseShape:
+    """The known shape ``cls``'s constructor has, or IncompatibleVllm naming what it takes instead."""
+    params = tuple(inspect.signature(cls.__dict__["__init__"]).parameters)[1:]
+    for shape in SHAPES:
+        if params[: len(shape.init_prefix)] == shape.init_prefix:
+            return shape
+    expected = " or ".join(f"({', '.join(shape.init_prefix)})" for shape in SHAPES)
+    raise IncompatibleVllm(
+        f"{MANAGER_CLASS}.__init__ takes ({', '.join(params)}), expected it to start with {expected}"
+    )
 
 
 def check_manager(manager: Any) -> None:

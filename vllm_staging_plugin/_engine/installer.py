@@ -1,9 +1,10 @@
 """One object owns every change the plugin makes to a process; :meth:`Installer.uninstall` is its inverse.
 
 ``register()`` builds it from the process's :class:`~.settings.Settings`. The changes, all listed in the
-patch registry of :mod:`.patch`: two import hooks (taken off ``sys.meta_path`` as soon as they fire, or as
-soon as the worker's runner shows they never will), the manager patch (:class:`~.patch.ManagerPatch`),
-the V1 runner guard (:class:`~.runner_guard.RunnerGuard`) and the Ray prefix variable. Each patch keeps
+patch registry of :mod:`.patch`: three import hooks (taken off ``sys.meta_path`` as soon as they fire, or
+as soon as the worker's runner shows they never will), the manager patch (:class:`~.patch.ManagerPatch`),
+the KDA state-slot fix (:class:`~.kda_slots.KdaSlotsPatch`), the V1 runner guard
+(:class:`~.runner_guard.RunnerGuard`) and the Ray prefix variable. Each patch keeps
 its own state; the installer wires them together and never hands itself to them.
 """
 
@@ -17,6 +18,7 @@ from typing import TYPE_CHECKING
 
 from .compat import CUDAGRAPH_MODULE
 from .import_hook import PostImportHook, when_imported
+from .kda_slots import KDA_MODULE, KdaSlotsPatch
 from .runner_guard import V1_RUNNER_MODULE, RunnerGuard
 from .settings import DEFAULT_ORDER, ENV_ORDER, Settings
 
@@ -46,6 +48,7 @@ class Installer:
         self.environ: MutableMapping[str, str] = os.environ if environ is None else environ
         self.guard = RunnerGuard(settings, on_v1_runner_built=self._v1_runner_built)
         self.patch: ManagerPatch | None = None  # built when vLLM imports cudagraph_utils (it imports torch)
+        self.kda = KdaSlotsPatch(settings)  # installed when vLLM imports the shared KDA layer's module
         self.installed = False
         self._ray_held = False  # this installer holds the Ray prefix (RAY_LEDGER)
         self._hooks: dict[str, PostImportHook] = {}  # this installer's own, by module name, until removed
@@ -65,10 +68,10 @@ class Installer:
                     self.settings.order,
                 )
             return
-        for name, callback in (
-            (CUDAGRAPH_MODULE, self._on_cudagraph_module),
-            (V1_RUNNER_MODULE, self.guard.install),
-        ):
+        hooks = [(CUDAGRAPH_MODULE, self._on_cudagraph_module), (V1_RUNNER_MODULE, self.guard.install)]
+        if self.settings.kda_fix == "on":
+            hooks.append((KDA_MODULE, self.kda.install))
+        for name, callback in hooks:
             hook = when_imported(name, callback)
             if hook is not None:
                 self._hooks[name] = hook
@@ -81,7 +84,11 @@ class Installer:
         """
         for name in list(self._hooks):
             self._remove_hook(name)
-        foreign = [*(self.patch.uninstall() if self.patch else []), *self.guard.uninstall()]
+        foreign = [
+            *(self.patch.uninstall() if self.patch else []),
+            *self.kda.uninstall(),
+            *self.guard.uninstall(),
+        ]
         if foreign:
             names = " and ".join(foreign)
             verb = "was wrapped" if len(foreign) == 1 else "were wrapped"

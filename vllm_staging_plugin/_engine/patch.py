@@ -28,6 +28,9 @@ Patch registry (vllm-ascend's fields; :class:`~.installer.Installer` applies and
     leave vLLM's staging alone (the order knob keeps working). A capture whose first descriptor is the
     largest cannot tell the two apart: there the slot keeps vLLM's own tensor, as on stock vLLM.
     Upstream PR: as above. Removal: as above; the order knob would then need an upstream hook.
+    On a release whose shape sizes the staging itself (:data:`.compat.SHAPES`, vLLM 0.34.0) the plugin
+    records no capacity and never enters the capture view: one INFO line per process says vLLM sizes the
+    buffers; the order knob and receipts keep working.
 Read on each manager, not wrapped (:mod:`.compat` names each; the structure check and the contract tests
 pin them): ``_capture_descs`` and the three staging attributes (checked after ``__init__``); the
 profiling pass's mark (``_max_full_descs_to_capture`` on 0.29.0-0.33.0, ``_sample_full_descs`` on
@@ -100,7 +103,7 @@ class ManagerPatch:
         self.wrap: ClassWrap | None = None
         self.refused = False  # the one "inactive" warning of this process was given
         self.announced = False  # the first manager is logged at INFO, later ones at DEBUG
-        self.vllm_presizes = False  # seen: vLLM's own staging already holds the largest descriptor
+        self.vllm_presizes = False  # vLLM's own staging holds the largest descriptor (its shape, or seen)
         self.order_refused = False  # the one "order not applied" warning of this process was given
         self.foreign: list[str] = []
         self._agreement: Agreement | None = None
@@ -125,6 +128,7 @@ class ManagerPatch:
         """Install the wrappers on ``cls``; False if this patch already holds a class."""
         if self.wrap is not None:
             return False
+        self.vllm_presizes = compat.release_shape(cls).sizes_staging or self.vllm_presizes
         wrap = ClassWrap(cls, WRAPPED, signals={"__init__": self._manager_built})
         wrap.apply({"__init__": self._wrap_init(wrap), "capture": self._wrap_capture(wrap)})
         self.wrap = wrap
@@ -159,8 +163,8 @@ class ManagerPatch:
         order = self.settings.order
         ignored = f" {ENV_ORDER}={order} is NOT applied." if order != DEFAULT_ORDER else ""
         logger.warning(
-            "vllm-staging-plugin is inactive, vLLM runs unpatched (stock lazy staging, vLLM's own "
-            "descending capture order): %s.%s Set %s=1 to fail instead.",
+            "vllm-staging-plugin is inactive, vLLM runs unpatched (its own staging buffers and capture "
+            "order): %s.%s Set %s=1 to fail instead.",
             reason,
             ignored,
             ENV_STRICT,
@@ -185,7 +189,7 @@ class ManagerPatch:
             except Exception as exc:  # renamed internals, odd descriptors: stay stock
                 self._deactivate(f"{type(exc).__name__}: {exc}")
                 return
-            presizing = self.settings.presize == "on"
+            presizing = self.settings.presize == "on" and not self.vllm_presizes
             manager.__dict__[STATE_ATTR] = ManagerState(self.settings, capacity if presizing else None)
             self._announce(manager, capacity)
 
@@ -208,6 +212,19 @@ class ManagerPatch:
         level = logging.DEBUG if self.announced else logging.INFO
         self.announced = True
         settings = self.settings
+        descriptors = sum(len(d) for d in manager._capture_descs.values())
+        if self.vllm_presizes:
+            logger.log(
+                level,
+                "vllm-staging-plugin: vLLM sizes %s's staging buffers (%s) to the largest of its %d capture "
+                "descriptors (%d rows) itself; the plugin leaves them to vLLM; capture order: %s",
+                type(manager).__name__,
+                ", ".join(STAGING_ATTRS),
+                descriptors,
+                capacity,
+                settings.order,
+            )
+            return
         sizing = (
             f"sized to {capacity} rows, the largest"
             if settings.presize == "on"
@@ -219,7 +236,7 @@ class ManagerPatch:
             type(manager).__name__,
             ", ".join(STAGING_ATTRS),
             sizing,
-            sum(len(d) for d in manager._capture_descs.values()),
+            descriptors,
             settings.order,
         )
 

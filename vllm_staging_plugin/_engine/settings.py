@@ -20,11 +20,13 @@ ENV_STRICT = "STAGING_PLUGIN_STRICT"
 ENV_ORDER = "STAGING_PLUGIN_ORDER"
 ENV_RECEIPTS_DIR = "STAGING_PLUGIN_RECEIPTS_DIR"
 ENV_PRESIZE = "STAGING_PLUGIN_PRESIZE"
+ENV_KDA_FIX = "STAGING_PLUGIN_KDA_FIX"
 
 _TRUE = ("1", "true", "yes", "on")
 _FALSE = ("", "0", "false", "no", "off")
 DEFAULT_ORDER = "descending"
 PRESIZE_VALUES = ("on", "off", "off-allow-crash")
+KDA_FIX_VALUES = ("on", "off")
 
 
 class ConfigError(ValueError):
@@ -41,6 +43,10 @@ class Settings:
     presize: str = "on"
     """``on``; ``off`` keeps vLLM's lazy staging (only vLLM's order is then safe); ``off-allow-crash``
     also lets another order run on stock staging, to reproduce the upstream crash on purpose."""
+    kda_fix: str = "on"
+    """``on``: vLLM's shared KDA layer keeps a state slot per speculative token under ``--use-replayssm``
+    (:mod:`.kda_slots`); ``off`` leaves it to vLLM (a Kimi-Linear boot with that flag then faults on a
+    mixed step: at boot on vLLM 0.34.0)."""
 
     @property
     def order_name(self) -> str:
@@ -82,7 +88,15 @@ def read_settings(environ: Mapping[str, str] | None = None) -> Settings:
             f"copy. Allowed: {ENV_PRESIZE}=on, or {ENV_PRESIZE}=off-allow-crash to reproduce the "
             f"crash on purpose, or {ENV_ORDER}={DEFAULT_ORDER}"
         )
+    kda_fix = env.get(ENV_KDA_FIX, "").strip().lower() or "on"
+    kda_fix = {"1": "on", "true": "on", "0": "off", "false": "off"}.get(kda_fix, kda_fix)
+    if kda_fix not in KDA_FIX_VALUES:
+        raise ConfigError(
+            f"{ENV_KDA_FIX}={env[ENV_KDA_FIX]!r}; allowed values: {', '.join(KDA_FIX_VALUES)} "
+            "(1/true = on, 0/false = off)"
+        )
     return Settings(
+        kda_fix=kda_fix,
         disabled=parse_bool(ENV_DISABLE, env),
         strict=parse_bool(ENV_STRICT, env),
         order=order,

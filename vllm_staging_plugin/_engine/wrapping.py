@@ -19,6 +19,7 @@ from typing import Any, TypeVar
 MARK = "__vllm_staging_wrapper__"
 OWNER = "__vllm_staging_wrap__"  # on each applied replacement: the ClassWrap that applied it
 _F = TypeVar("_F", bound=Callable[..., Any])
+INHERITED: Any = object()  # ClassWrap.saved for a name the class inherits: restoring deletes the wrapper
 
 
 def is_plugin_wrapper(function: Any) -> bool:
@@ -59,8 +60,10 @@ class ClassWrap:
         self, cls: type, names: tuple[str, ...], signals: Mapping[str, Callable[[], None]] | None = None
     ) -> None:
         self.cls = cls
-        self.saved = {name: cls.__dict__[name] for name in names}
-        self.stock = {name: stock(function) for name, function in self.saved.items()}
+        # What the class's own __dict__ held; INHERITED when the class had no entry (restoring removes
+        # the wrapper, and the inherited function is vLLM's own).
+        self.saved = {name: cls.__dict__.get(name, INHERITED) for name in names}
+        self.stock = {name: stock(getattr(cls, name)) for name in names}
         self.signals = dict(signals or {})
         self.replacements: dict[str, Any] | None = None  # set while applied
 
@@ -103,7 +106,10 @@ class ClassWrap:
                 while dead is not None and not dead.live:
                     before = dead.saved[name]
                     dead = owner(before)
-                setattr(self.cls, name, before)
+                if before is INHERITED:
+                    delattr(self.cls, name)
+                else:
+                    setattr(self.cls, name, before)
             elif owner(current) is None:
                 foreign.append(f"{self.cls.__qualname__}.{name}")
         return foreign

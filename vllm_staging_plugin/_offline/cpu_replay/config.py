@@ -74,6 +74,10 @@ def make_vllm_config(cfg: ReplayConfig) -> Any:
     if cfg.dbo:
         parallel.enable_dbo = True
         parallel.dbo_decode_token_threshold = cfg.dbo_decode_token_threshold
+    if hasattr(vllm_config, "get_decode_cudagraph_query_lens"):  # 0.34.0: decode graphs by request count
+        if cfg.decode_query_len > 1 and vllm_config.speculative_config is None:  # its decode query length
+            vllm_config.speculative_config = speculative_config(cfg.decode_query_len - 1)
+        seams.split_capture_sizes(vllm_config, cfg.decode_query_len)
     return vllm_config
 
 

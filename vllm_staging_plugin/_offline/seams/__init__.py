@@ -22,6 +22,7 @@ from .config import (
     inspect_architecture,
     model_class,
     model_import_error,
+    split_capture_sizes,
 )
 from .kda import KdaMixedStep, kda_layer_class, kda_mixed_step
 from .manager import (
@@ -53,5 +54,5 @@ __all__ = [
     "graph_pool_stub", "import_under_machine_platform", "inspect_architecture", "kda_layer_class",
     "kda_mixed_step", "kernel_library_answers", "manager_features", "manager_inputs", "model_class",
     "model_import_error",
-    "new_manager", "platform_bound", "replayed_plan",
+    "new_manager", "platform_bound", "replayed_plan", "split_capture_sizes",
 ]  # fmt: skip

@@ -17,6 +17,20 @@ def derive_capture_sizes(vllm_config: Any) -> list[int]:
     return list(vllm_config.compilation_config.cudagraph_capture_sizes)
 
 
+def split_capture_sizes(vllm_config: Any, decode_query_len: int) -> bool:
+    """Have vLLM split the compilation config's (deprecated, still honoured) ``cudagraph_capture_sizes``
+    into the prefill token sizes and decode request sizes its graph manager reads, as its own
+    ``__post_init__`` does for an operator-set grid; False on a release without the split (0.18.0-0.33.0
+    read ``cudagraph_capture_sizes`` directly). Privates: ``VllmConfig._split_cudagraph_capture_sizes``
+    ``(legacy_sizes, target_query_lens)`` and the public ``get_decode_cudagraph_query_lens`` (0.34.0);
+    re-signed, TypeError, and the replay that asked reports it."""
+    split = getattr(vllm_config, "_split_cudagraph_capture_sizes", None)
+    if split is None:
+        return False
+    split(True, vllm_config.get_decode_cudagraph_query_lens(decode_query_len))
+    return True
+
+
 @contextlib.contextmanager
 def capability_family(family: int) -> Iterator[None]:
     """For the block, the platform answers ``is_device_capability_family(family)`` with yes (e.g. 100:

@@ -11,6 +11,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..._engine import compat
 from ..scoped import attributes
 from .changed import SeamChanged
 
@@ -34,8 +35,9 @@ def new_manager(
 ) -> Any:
     """A ``ModelCudaGraphManager`` on CPU, built the way Model Runner V2 builds it (call inside
     :func:`cpu_capture_edges`, which stubs the graph pool ``__init__`` asks for). Internals: the
-    constructor's leading parameters ``(vllm_config, device, cudagraph_mode, decode_query_len)``
-    (0.18.0-0.33.0, which the engine's structure check requires too) and its knobs ``lora_capture_cases``,
+    constructor's leading parameters, one of the engine's known shapes (``_engine/compat.SHAPES``):
+    ``decode_query_len`` (0.18.0-0.33.0) or ``decode_query_lens``, the mapping vLLM 0.34.0's runner takes
+    from ``VllmConfig.get_decode_cudagraph_query_lens``; and its knobs ``lora_capture_cases``,
     ``varlen_decode`` and ``ubatch_runner``, passed only when set: :func:`manager_features` says which a
     release has, and one it lacks raises vLLM's TypeError."""
     import torch
@@ -43,8 +45,12 @@ def new_manager(
 
     knobs: dict[str, Any] = {"lora_capture_cases": lora_capture_cases, "varlen_decode": varlen_decode or None,
                              "ubatch_runner": ubatch_runner}  # fmt: skip
-    return cudagraph_module().ModelCudaGraphManager(
-        vllm_config, torch.device("cpu"), CUDAGraphMode[cudagraph_mode], decode_query_len,
+    cls = cudagraph_module().ModelCudaGraphManager
+    decode: Any = decode_query_len
+    if "decode_query_lens" in compat.release_shape(cls).init_prefix:
+        decode = vllm_config.get_decode_cudagraph_query_lens(decode_query_len)
+    return cls(
+        vllm_config, torch.device("cpu"), CUDAGraphMode[cudagraph_mode], decode,
         **{name: value for name, value in knobs.items() if value},
     )  # fmt: skip
 

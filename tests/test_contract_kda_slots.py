@@ -1,0 +1,128 @@
+"""Contract tests of the KDA state-slot fix (``_engine/kda_slots.py``) against the installed vLLM: vLLM's real
+GDN metadata builder, built on CPU from the layer's spec (``seams.kda_mixed_step``), hands the speculative
+kernel a one-column state index on a mixed step without the plugin and a full-width one with it; Kimi-K3's
+own KDA layer is left alone; on a vLLM that already keeps the slots the plugin stands down."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from configs import K3_4_LAYERS, KIMI_LINEAR_4_LAYERS, model_folder
+from fakes import installed
+from stable import assert_says
+from vllm_configs import NGRAM_8, preflight_release, vllm_config
+
+import vllm_staging_plugin
+from vllm_staging_plugin._engine import kda_slots
+from vllm_staging_plugin._engine.wrapping import is_plugin_wrapper
+from vllm_staging_plugin._offline import seams
+
+pytestmark = [pytest.mark.contract, pytest.mark.usefixtures("model_inspection_cache", "offline")]
+kimi_gdn = pytest.importorskip(kda_slots.KDA_MODULE, reason="this vLLM has no shared Kimi KDA layer")
+REPLAY = ["--use-replayssm", *NGRAM_8]
+
+
+@pytest.fixture(scope="module")
+def kimi_linear(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """The model folder, once vLLM configured it (and its logging) in this process: a test's log handler
+    is then attached after vLLM's own logging set-up."""
+    folder = model_folder(tmp_path_factory.mktemp("kimi"), KIMI_LINEAR_4_LAYERS)
+    configs((folder,))
+    return folder
+
+
+def columns(config: Any) -> tuple[int, int]:
+    step = seams.kda_mixed_step(config)
+    assert step is not None
+    return step.index_columns, step.query_length
+
+
+def configs(*models_and_words: tuple[str, ...]) -> list[Any]:
+    """vLLM's configs for each ``(model, *words)``, then the plugin unregistered: vLLM's parser loads the
+    general plugins (this one too) the first time a process parses, and each test starts stock."""
+    built = [vllm_config(*words) for words in models_and_words]
+    vllm_staging_plugin.unregister()
+    return built
+
+
+@preflight_release
+def test_the_kernel_gets_a_full_width_index_with_the_plugin_and_one_column_without(
+    kimi_linear: str, plugin_log: Any
+) -> None:
+    (config,) = configs((kimi_linear, *REPLAY))
+    assert columns(config) == (1, 9)  # stock: the fault
+    vllm_staging_plugin.register()
+    assert installed().kda.wrap is not None  # the module was imported: installed at once
+    assert is_plugin_wrapper(kimi_gdn.KimiGatedDeltaNetAttention.__dict__["get_kv_cache_spec"])
+    assert columns(config) == (9, 9)
+    (line,) = [m for m in plugin_log.at(20) if "KDA" in m]
+    assert_says(
+        line,
+        "vllm-staging-plugin: KimiGatedDeltaNetAttention (vLLM's shared KDA layer) keeps one state slot",
+        "(8 speculative tokens): 10 state slots per request instead of 2,",
+        "STAGING_PLUGIN_KDA_FIX=off turns this off",
+    )
+    vllm_staging_plugin.unregister()
+    assert "get_kv_cache_spec" not in kimi_gdn.KimiGatedDeltaNetAttention.__dict__  # inherited again
+    assert columns(config) == (1, 9)
+
+
+@preflight_release
+def test_the_cost_is_the_upstream_patchs(kimi_linear: str, plugin_log: Any) -> None:
+    """Per request and layer, by vLLM's own accounting of the spec (prefix caching on: the 'align' cache
+    mode holds 2 + num_speculative_blocks slots): 8 more slots of one request's state, as without
+    --use-replayssm and as with kda-spec-state-slots.patch."""
+    (config,) = configs((kimi_linear, *REPLAY))
+    step = seams.kda_mixed_step(config)
+    assert step is not None
+    vllm_staging_plugin.register()
+    columns(config)
+    (line,) = [m for m in plugin_log.at(20) if "KDA" in m]
+    page = step.slot_bytes  # one slot (no padding on this model)
+    assert f"{10 * page} bytes per request in each such layer instead of {2 * page}" in line
+    assert (10 - 2) * page * step.kda_layers == step.extra_bytes_per_request
+
+
+@preflight_release
+def test_nothing_changes_without_replayssm(kimi_linear: str, plugin_log: Any) -> None:
+    """Without --use-replayssm vLLM keeps the slots itself (vLLM refuses --use-replayssm without
+    speculation on Model Runner V2; the unit tests cover that branch)."""
+    (plain,) = configs((kimi_linear, *NGRAM_8))
+    vllm_staging_plugin.register()
+    assert columns(plain) == (9, 9)  # vLLM's own slots: nothing to keep
+    assert not [m for m in plugin_log.at(20) if "KDA" in m]
+
+
+@preflight_release
+def test_kimi_k3s_own_kda_layer_is_left_alone(plugin_log: Any) -> None:
+    from vllm.models.kimi_k3.nvidia.kda import KimiK3DeltaAttention
+
+    (config,) = configs((str(K3_4_LAYERS), *REPLAY))
+    vllm_staging_plugin.register()
+    assert not issubclass(KimiK3DeltaAttention, kimi_gdn.KimiGatedDeltaNetAttention)
+    assert not is_plugin_wrapper(KimiK3DeltaAttention.get_kv_cache_spec)
+    assert seams.kda_mixed_step(config) is None  # its own metadata
+    assert not [m for m in plugin_log.at(20) if "KDA" in m]
+
+
+@preflight_release
+def test_the_variable_turns_it_off(kimi_linear: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    (config,) = configs((kimi_linear, *REPLAY))
+    monkeypatch.setenv("STAGING_PLUGIN_KDA_FIX", "off")
+    vllm_staging_plugin.register()
+    assert installed().kda.wrap is None
+    assert columns(config) == (1, 9)
+
+
+@pytest.mark.usefixtures("kda_fixed_vllm")
+@preflight_release
+def test_on_a_vllm_that_keeps_the_slots_the_plugin_stands_down(kimi_linear: str, plugin_log: Any) -> None:
+    (config,) = configs((kimi_linear, *REPLAY))
+    vllm_staging_plugin.register()
+    assert installed().kda.wrap is not None
+    assert columns(config) == (9, 9)
+    (line,) = [m for m in plugin_log.at(20) if "KDA" in m or "state slots" in m]
+    assert_says(line, "vllm-staging-plugin: this vLLM's KimiGatedDeltaNetAttention already keeps 8",
+                end="the plugin leaves its KV-cache spec to vLLM")  # fmt: skip
+    assert installed().kda.already_kept and not installed().kda.kept
