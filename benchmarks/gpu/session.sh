@@ -75,14 +75,20 @@
 #   k3-decode  decode tokens/s on that deployment under vLLM's own order: the plugin against the workaround
 #              grid, then against the patched vLLM, ABAB, N=3 per pair, batches 1 and 16.  about 8 min
 #   v034-kda   vLLM 0.34.0 (payload: build-payload.sh 0.34.0), the Kimi-Linear dense shape at the K3 widths
-#              (shared KDA layer), join traffic, three boots at a time (gpu_memory_utilization 0.2 each):
-#              no plugin x2 (the boot's mixed warm-up step faults), vLLM with kda-spec-state-slots.patch
-#              x1, the plugin x2 (its KDA state-slot fix) and `vllm serve` with the plugin x1.  about 5 min
+#              (shared KDA layer), join traffic, two boots at a time (gpu_memory_utilization 0.3 each; at
+#              0.2 with three at a time one plugin boot found no memory left for its KV cache): no plugin x2
+#              (the boot's mixed warm-up step faults), vLLM with kda-spec-state-slots.patch x1, the plugin x3
+#              (its KDA state-slot fix) and `vllm serve` with the plugin x1.          about 5 min
 #   v034-k3    vLLM 0.34.0, Kimi-K3 as deployed (the shipped MXFP4 cut, DSpark block-8 drafter, 8 tokens,
 #              48 seqs, powers of two to 512, --use-replayssm), join traffic, one boot at a time
 #              (gpu_memory_utilization 0.7: 0.34.0 counts CUDA graphs inside it): no plugin x2, the plugin
 #              x2, the plugin under STAGING_PLUGIN_ORDER=ascending x2 (receipts), `vllm serve` with the
 #              plugin x1; calling it again fills what is missing.                 2 calls of ~9.5 min
+#   v034-kda-decode  decode tokens/s of the v034-kda deployment: the plugin (its KDA state-slot fix) against
+#              vLLM with kda-spec-state-slots.patch, both alive on one GPU, ABAB, N=3, batches 1 and 16
+#              (KDA_DECODE_ENGINES=kimi-linear-4l-dense-k3=vanilla+vllm-kdafix,kimi-linear-4l-dense-k3=plugin
+#              puts the patched vLLM first in each pair).
+#                                                                                      about 6 min
 #   decode     steady-state decode tokens/s, vanilla vs plugin under the default order, batch 1 and 64,
 #              Qwen3-0.6B on GPU 0 and Qwen3-8B on GPU 1, N=3 ABBA.                    about 5 min
 set -uo pipefail
@@ -116,7 +122,7 @@ patched_vllm() {  # NAME PATCH FILE (FILE relative to the vllm package)
   mkdir -p "$dir" && cp -rs "$site" "$dir/vllm" && rm "$dir/vllm/$3" && cp "$site/$3" "$dir/vllm/$3"
   rm -f "$dir/vllm/$(dirname "$3")/__pycache__/$(basename "$3" .py)".*.pyc
   patch -d "$dir" -p1 --fuzz=0 --forward --batch --no-backup-if-mismatch < "$root/vllm_staging_plugin/patches/$2" \
-    || { echo "could not apply $2"; exit 5; }
+    || { echo "could not apply $2 to this vLLM: the vllm-$1 variant is not available"; rm -rf "$dir"; return 0; }
   echo "patched vLLM $1: $2"
 }
 patched_vllm presize presize-staging-buffers.patch v1/worker/gpu/cudagraph_utils.py
@@ -212,12 +218,17 @@ $b5=vanilla$d,$b5=plugin$d,$b7=vanilla$d,$b7=plugin$d" ;;
       --batches 1,16 --reps 3 --max-tokens 128 ;;
   v034-kda)
     kl=kimi-linear-4l-dense-k3; d=@descending
-    study --models "$kl" --traffic join --fill-to 1 --concurrent 3 --per-gpu 3 --gpu-mem 0.2 --boot-timeout 420 \
-          --serve-plan "$kl=plugin$d" --plan "$kl=vanilla$d*2,$kl=plugin$d*2,$kl=vanilla$d+vllm-kdafix" ;;
+    study --models "$kl" --traffic join --fill-to 1 --concurrent 2 --per-gpu 2 --gpu-mem 0.3 --boot-timeout 420 \
+          --serve-plan "$kl=plugin$d" --plan "$kl=vanilla$d*2,$kl=plugin$d*3,$kl=vanilla$d+vllm-kdafix" ;;
   v034-k3)
     m=kimi-k3-mxfp4-dspark8; d=@descending
     study --models "$m" --traffic join --fill-to 1 --concurrent 1 --per-gpu 1 --gpu-mem 0.7 --boot-timeout 480 \
           --serve-plan "$m=plugin$d" --plan "$m=vanilla$d*2,$m=plugin$d*2,$m=plugin@ascending*2" ;;
+  v034-kda-decode)
+    kl=kimi-linear-4l-dense-k3; t=$(left)
+    timeout "$((t - 15))" $py benchmarks/decode_bench.py run --out "$work" --deadline "$((t - 60))" "${extra[@]}" \
+      --engines "${KDA_DECODE_ENGINES:-$kl=plugin,$kl=vanilla+vllm-kdafix}" --gpu-mem 0.3 --boot-timeout 300 \
+      --batches 1,16 --reps 3 --max-tokens 128 ;;
   tp)
     study --models qwen3-0.6b --tp 2 --plan "$asc_desc" --fill-to 1 --serve-plan plugin@ascending ;;
   pp-eagle3)
@@ -256,7 +267,7 @@ $b5=vanilla$d,$b5=plugin$d,$b7=vanilla$d,$b7=plugin$d" ;;
 esac
 
 cd "$work"
-if [[ $stage == decode || $stage == k3-decode ]]; then
+if [[ $stage == decode || $stage == *-decode ]]; then
   $py "$root/benchmarks/decode_bench.py" summarize . > summary.md 2>&1
   keep=(decode.json receipts); logs=engines; trimmed=(engines/*/engine.trim.log)
 else
