@@ -12,8 +12,13 @@ import pytest
 from atlas import replay, summary
 from atlas.condition import FAMILY
 from atlas.space import GRIDS, SEARCHES, replay_config
+from release import SIZES_STAGING
 
 CLEAN: dict[str, Any] = {"plugin_failures": 0, "predicate_mismatches": 0}
+
+# The atlas maps where vLLM's lazy staging crashes (0.18.0-0.33.0). A vLLM that sizes its staging itself
+# (0.34.0) has no such crash to map: tests/test_atlas_widths.py and tests/test_properties.py pin that.
+lazy_staging = pytest.mark.skipif(SIZES_STAGING, reason="this vLLM sizes its staging buffers itself")
 
 
 def setting(**changes: Any) -> dict[str, Any]:
@@ -64,6 +69,7 @@ def test_a_crash_is_named_by_vllms_rule_or_reported_unexplained() -> None:
     assert replay.family(full_only, setting()).startswith("unexplained: FULL_AND_PIECEWISE, first FULL 4")
 
 
+@lazy_staging
 @pytest.mark.contract
 def test_the_replay_of_one_configuration_is_vllms_own() -> None:
     """The small recover-SSM configuration through vLLM 0.33.0's real manager on CPU: PIECEWISE capped at
@@ -164,6 +170,7 @@ def test_a_widths_cell_records_each_crashing_max_num_seqs_and_the_spotlight_keep
     assert entry["sequence"] == crashed["sequence"] and not entry["stock_ok"]
 
 
+@lazy_staging
 def test_a_search_on_the_installed_vllm_counts_every_configuration_and_names_the_family(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -187,6 +194,7 @@ def test_a_search_on_the_installed_vllm_counts_every_configuration_and_names_the
     assert "(8) must match the existing size (9)" in example["stock_error"] and example["plugin_rows"] == [9]
 
 
+@lazy_staging
 def test_the_sweep_reads_the_real_managers_descriptors_and_counts_what_disagrees_with_the_condition(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 from atlas import condition, ranges, space
 from atlas import tables as atlas_tables
+from release import SIZES_STAGING
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -106,6 +107,12 @@ def test_the_kimi_k3_row_replays_as_recorded() -> None:
         decode_query_len=9, hidden_size=space.HIDDEN, use_kda_recoverssm=True,
     )  # fmt: skip
     stock, patched = cpu_replay.replay(cfg, patched=False), cpu_replay.replay(cfg, patched=True)
-    assert not stock.ok and stock.sequence == recorded["sequence"]
-    assert "The expanded size of the tensor (256) must match the existing size (261)" in (stock.error or "")
+    assert stock.sequence == recorded["sequence"]  # the same plan on 0.34.0 (decode graphs by requests)
+    if SIZES_STAGING:  # vLLM 0.34.0 sizes the buffers by the largest descriptor itself: stock boots
+        assert stock.ok and {b["rows"] for b in stock.buffers.values()} == {261}
+    else:
+        assert not stock.ok
+        assert "The expanded size of the tensor (256) must match the existing size (261)" in (
+            stock.error or ""
+        )
     assert patched.ok and {b["rows"] for b in patched.buffers.values()} == {261}

@@ -31,7 +31,8 @@ def _init(self: Any, config: Any, uses_mrope: bool, device: Any) -> None: ...
         (
             {"__init__": _init, "capture": lambda self: None},
             "ModelCudaGraphManager.__init__ takes (config, uses_mrope, device), expected it to start with "
-            "(vllm_config, device, cudagraph_mode, decode_query_len)",
+            "(vllm_config, device, cudagraph_mode, decode_query_len) or "
+            "(vllm_config, device, cudagraph_mode, decode_query_lens)",
         ),
     ],
     ids=["class missing", "no __init__", "no capture", "capture not callable", "signature changed"],

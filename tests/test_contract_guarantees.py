@@ -14,6 +14,7 @@ import pytest
 import torch
 from children.harness import frames_under
 from fakes import installed
+from release import SIZES_STAGING
 
 pytest.importorskip("vllm.v1.worker.gpu.cudagraph_utils")
 
@@ -74,7 +75,9 @@ def test_the_profiler_sees_plugin_code_when_it_runs(monkeypatch: pytest.MonkeyPa
         results: list[Any] = []
         during = _plugin_frames(lambda: results.append(cpu_replay.run_capture(manager, SMALL)))
     assert results[0].ok and results[0].buffers["hidden_states"]["rows"] == 32
-    assert "__set__" in during and "capture" in during  # vLLM's store_capture_output assigned through it
+    assert "capture" in during  # the plugin's capture wrapper (the order knob)
+    # vLLM's store_capture_output assigned through the slot; vLLM 0.34.0 sizes the buffers itself: no slot
+    assert ("__set__" in during) is not SIZES_STAGING
     after = _plugin_frames(lambda: setattr(manager, "hidden_states", manager.hidden_states))
     assert after == []  # the same assignment after capture: vLLM's class, a plain attribute
 
@@ -94,7 +97,7 @@ def test_allocation_failure_under_every_builtin_order(
     cls = seams.cudagraph_module().ModelCudaGraphManager
     assert type(manager) is cls
     first = result.forwards[0]
-    if first == 32:
+    if first == 32 or SIZES_STAGING:  # vLLM 0.34.0 allocates the 32 rows itself, the plugin nothing
         assert result.ok and result.buffers["hidden_states"]["rows"] == 32
     else:
         assert not result.ok and "must match the existing size" not in (result.error or "")

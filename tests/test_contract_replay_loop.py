@@ -61,7 +61,7 @@ def cuda_edges(manager: Any) -> Iterator[None]:
     """Stub only what needs a GPU; every name is optional (releases differ)."""
     names = {
         "torch": _TorchWithoutGraphs(cu.torch),
-        "graph_capture": lambda *a, **k: contextlib.nullcontext(),
+        "graph_capture": lambda *a, **k: contextlib.nullcontext(types.SimpleNamespace(stream=None)),
         "capture_pool": lambda pool, *a, **k: contextlib.nullcontext(pool),
         "get_offloader": lambda: types.SimpleNamespace(
             sync_prev_onload=lambda: None, join_after_forward=lambda: None

@@ -20,6 +20,7 @@ from typing import Any
 
 import pytest
 from childproc import clean_environment, fork_together, free_port, once_per_run
+from release import SIZES_STAGING
 
 import vllm_staging_plugin
 
@@ -34,6 +35,7 @@ DEFAULT_LOADED = [
     "vllm_staging_plugin._engine.compat",
     "vllm_staging_plugin._engine.import_hook",
     "vllm_staging_plugin._engine.installer",
+    "vllm_staging_plugin._engine.kda_slots",
     "vllm_staging_plugin._engine.patch",
     "vllm_staging_plugin._engine.runner_guard",
     "vllm_staging_plugin._engine.settings",
@@ -64,7 +66,8 @@ pytestmark = [pytest.mark.contract, pytest.mark.subprocess]
 def test_register_and_the_patch_load_only_the_presizing_modules(ranks: list[dict[str, Any]]) -> None:
     for rank in ranks:
         assert rank["after_register"] == DEFAULT_LOADED  # no offline module, no pluggy, no receipts
-        assert rank["hooks_after_register"] == ["PostImportHook"]  # the V1 guard's, until a manager exists
+        # the V1 guard's and the KDA fix's, until a manager exists
+        assert rank["hooks_after_register"] == ["PostImportHook", "PostImportHook"]
 
 
 def test_a_default_capture_presizes_and_does_nothing_else(ranks: list[dict[str, Any]]) -> None:
@@ -77,9 +80,11 @@ def test_a_default_capture_presizes_and_does_nothing_else(ranks: list[dict[str, 
         assert rank["files_written"] == []
         # a bounded handful of engine frames per capture (the wrappers, the capacity, vLLM's one assignment
         # of hidden_states, and the driver's reading of the result), the same for 4 descriptors as for 102
-        assert default["frames"].count("__set__") == 1
+        # (vLLM 0.34.0 sizes the buffers itself: no capture view, no assignment through the plugin)
+        assert default["frames"].count("__set__") == (0 if SIZES_STAGING else 1)
         assert len(default["frames"]) == len(rank["small"]["frames"]) <= 40, default["frames"]
-        assert rank["first"]["frames"].count("capture_view") == 1 and "capture_view" not in default["frames"]
+        views = rank["first"]["frames"].count("capture_view")
+        assert views == (0 if SIZES_STAGING else 1) and "capture_view" not in default["frames"]
 
 
 def test_after_capture_no_plugin_code_runs_anywhere(ranks: list[dict[str, Any]]) -> None:
@@ -109,8 +114,12 @@ def test_every_rank_captures_the_same_order_with_the_same_capacity(ranks: list[d
         assert first["agreed"] == second["agreed"] == 2  # the coupled ranks compared their plans first
         assert first["forwards"] == second["forwards"]  # identical capture sequence on both ranks
         assert first["forwards"][:51] == sorted(first["forwards"][:51])  # and it is the ascending one
-        for r in (first, second):
-            assert "must match the existing size" in r["stock_error"]  # stock crashes on every rank
+        for r in (first, second):  # stock crashes on every rank (0.34.0: boots, sized by vLLM)
+            assert (
+                r["stock_error"] is None
+                if SIZES_STAGING
+                else "must match the existing size" in r["stock_error"]
+            )
     assert ranks[0]["tp"]["rows"] == ranks[1]["tp"]["rows"] == {"hidden_states": 512}
     # pipeline: the first (non-last) stage stages IntermediateTensors, the last stage hidden states
     assert ranks[0]["pp"]["rows"] == {

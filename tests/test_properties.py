@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from release import SIZES_STAGING
 
 pytest.importorskip("hypothesis")
 pytest.importorskip("vllm.v1.worker.gpu.cudagraph_utils")
@@ -170,7 +171,10 @@ def test_the_generator_reaches_stock_crashes_in_vllms_own_order() -> None:
     stock, _ = replay_tensors(cfg, patched=False)
     patched, tensors = replay_tensors(cfg, patched=True)
     assert stock.sequence == {"PIECEWISE": [8, 4, 2, 1], "FULL": [9, 6, 3]}
-    assert not stock.ok and "expanded size of the tensor (8) must match the existing size (9)" in (
-        stock.error or ""
-    )
+    if SIZES_STAGING:  # vLLM 0.34.0: the same plan, sized by vLLM itself
+        assert stock.ok and stock.buffers["hidden_states"]["rows"] == 9
+    else:
+        assert not stock.ok and "expanded size of the tensor (8) must match the existing size (9)" in (
+            stock.error or ""
+        )
     assert patched.ok and tensors["hidden_states"].shape[0] == 9

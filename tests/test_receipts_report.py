@@ -177,7 +177,7 @@ def test_cli_report_without_capture_receipts_exits_non_zero(case: str, tmp_path:
     (line,) = capsys.readouterr().err.splitlines()[-1:]
     assert_says(line, f"vllm-staging-plugin report: {expected}")
     if case in ("empty", "profiling only"):  # says how receipts are made
-        assert line.endswith(f"when it runs with the plugin and STAGING_PLUGIN_RECEIPTS_DIR={target}")
+        assert line.endswith(f"says whether it patches this vLLM) and STAGING_PLUGIN_RECEIPTS_DIR={target}")
 
 
 def test_cli_report_names_the_folder_as_it_was_typed(

@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 from atlas.releases import SUPPORTED, span
 from configs import K3_4_LAYERS, KIMI_LINEAR_4_LAYERS, QWEN3_0_6B, model_folder
+from release import SIZES_STAGING
 from stable import assert_says
 from vllm_configs import NGRAM_8, preflight_release, vllm_config
 
@@ -118,7 +119,7 @@ def test_without_the_serve_parser_the_check_says_what_it_needs(
 # derived grid, and with the 1024 ceiling on data-centre Blackwell.
 KNOB_SINCE = {"intermediate_tensors": "0.19.0", "lora_capture_cases": "0.24.0", "dense_schedule": "0.25.0",
               "varlen_decode": "0.28.0", "dbo": "0.30.0", "kda_recoverssm": "0.30.0"}  # fmt: skip
-UNIFORM_DECODE_SIZES_SINCE, BLACKWELL_1024_SINCE = "0.29.0", "0.28.0"
+UNIFORM_DECODE_SIZES_SINCE, BLACKWELL_1024_SINCE, SPLIT_SIZES_SINCE = "0.29.0", "0.28.0", "0.34.0"
 
 
 def has_since(first: str) -> bool:
@@ -138,7 +139,9 @@ def test_the_derived_grid_is_vllms_own_and_carries_its_decode_sizes() -> None:
     plain = cpu_replay.derived_capture_sizes(max_num_seqs=256)
     assert plain[:4] == [1, 2, 4, 8] and plain[-1] == 512 and plain == sorted(plain)
     speculative = cpu_replay.derived_capture_sizes(max_num_seqs=6, num_speculative_tokens=4)
-    if has_since(UNIFORM_DECODE_SIZES_SINCE):  # 5, 10, 20, 30: 1, 2, 4, 6 x 5
+    if has_since(SPLIT_SIZES_SINCE):  # decode graphs by request count: 1, 2, 4, 5, 6 requests x 5 tokens
+        assert speculative == [1, 2, 4, 5, 8, 10, 16, 20, 24, 25, 30, 32, 40, 48, 56]
+    elif has_since(UNIFORM_DECODE_SIZES_SINCE):  # 5, 10, 20, 30: 1, 2, 4, 6 x 5
         assert speculative == [1, 2, 4, 5, 8, 10, 16, 20, 24, 30, 32, 40, 48, 56]
     else:
         assert speculative == [1, 2, 4, 8, 16, 24, 32, 40, 48, 56]
@@ -153,7 +156,8 @@ def test_the_capability_family_answer_raises_the_derived_ceiling_for_the_block_o
     before = dict(vars(type(current_platform)))
     with seams.capability_family(100):
         assert current_platform.is_device_capability_family(100)
-        ceiling = 1024 if has_since(BLACKWELL_1024_SINCE) else 512
+        # 0.34.0: data-centre Blackwell's wider default grids (prefill tokens up to 8192)
+        ceiling = 8192 if has_since(SPLIT_SIZES_SINCE) else 1024 if has_since(BLACKWELL_1024_SINCE) else 512
         assert max(cpu_replay.derived_capture_sizes(max_num_seqs=512)) == ceiling
     assert dict(vars(type(current_platform))) == before
     assert max(cpu_replay.derived_capture_sizes(max_num_seqs=512)) == 512
@@ -242,8 +246,11 @@ def test_the_capture_plan_is_the_managers_own_and_reordering_it_changes_the_capt
         assert seams.replayed_plan(manager) is None  # nothing walked before the capture
         result = cpu_replay.run_capture(manager, cfg)
         assert seams.replayed_plan(manager) is plan  # the loop walked the live plan
-    assert result.forwards[:3] == [1, 1, 2]  # the 1-token graph first, then the 2-token one: stock's crash
-    assert result.error is not None and "(1) must match the existing size (2)" in result.error
+    assert result.forwards[:3] == [1, 1, 2]  # the 1-token graph first, then the 2-token one
+    if SIZES_STAGING:  # 0.34.0: every descriptor walked, the buffer sized by the largest
+        assert result.ok and result.forwards[::2][:4] == [1, 2, 4, 8]
+    else:  # stock's crash at the second descriptor
+        assert result.error is not None and "(1) must match the existing size (2)" in result.error
     assert [d.num_tokens for d in plan[CUDAGraphMode.PIECEWISE]] == [1, 2, 4, 8]
 
 

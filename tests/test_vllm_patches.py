@@ -8,8 +8,9 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from release import SIZES_STAGING  # 0.34.0: the presize patch is not for it (tested below)
 
-from vllm_staging_plugin._offline import cli, vllm_patches
+from vllm_staging_plugin._offline import cli, cpu_replay, vllm_patches
 from vllm_staging_plugin._offline.vllm_patches import PATCHES, PatchError
 
 
@@ -23,7 +24,11 @@ def vllm_tree(root: Path, name: str) -> Path:
     return root / paths[0]
 
 
-@pytest.mark.parametrize("name", sorted(PATCHES))
+@pytest.mark.parametrize(
+    "name",
+    [pytest.param(n, marks=pytest.mark.skipif(n == "presize" and SIZES_STAGING, reason="vLLM sizes itself"))
+     for n in sorted(PATCHES)],
+)  # fmt: skip
 def test_applying_matches_the_patch_program_and_reverting_restores_every_byte(
     name: str, tmp_path: Path
 ) -> None:
@@ -70,10 +75,38 @@ def test_the_command_says_it_does_not_fit_and_writes_nothing(
     out, err = capsys.readouterr()
     assert out == f"does not fit: {target}\n"
     assert err == (
-        "vllm-staging-plugin patch: it does not fit this vLLM (written against vLLM 0.33.0); "
-        "nothing was written\n"
+        "vllm-staging-plugin patch: it does not fit this vLLM (written against vLLM 0.33.0; kda fits "
+        "0.30.0-0.34.0); nothing was written\n"
     )
     assert target.read_text() == "# another vLLM\n"
+
+
+@pytest.mark.parametrize("sizes_itself", [True, False])
+def test_presize_on_a_vllm_that_sizes_itself_is_not_needed_by_behaviour(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], sizes_itself: bool
+) -> None:
+    """Where the presize patch does not fit, the installed vLLM's own staging is replayed: if it holds the
+    largest descriptor, nothing is needed (exit 0); otherwise the patch's own answer stands (exit 1)."""
+    target = vllm_tree(tmp_path, "presize")
+    target.write_text("# another vLLM\n")
+    monkeypatch.setattr(vllm_patches, "vllm_root", lambda: tmp_path)
+    monkeypatch.setattr(cpu_replay, "vllm_presizes", lambda: sizes_itself)
+    assert cli.main(["patch", "presize", "--apply"]) == (0 if sizes_itself else 1)
+    out, err = capsys.readouterr()
+    if sizes_itself:
+        assert out.startswith("vllm-staging-plugin patch: not needed: this vLLM sizes its staging buffers")
+        assert out.endswith("nothing was written\n") and not err
+    else:
+        assert out == f"does not fit: {target}\n" and "does not fit this vLLM" in err
+    assert target.read_text() == "# another vLLM\n"
+
+
+@pytest.mark.skipif(not SIZES_STAGING, reason="this vLLM does not size its staging buffers itself")
+def test_presize_on_the_installed_vllm_that_sizes_itself(capsys: pytest.CaptureFixture[str]) -> None:
+    """vLLM 0.34.0, for real: the patch does not fit, the replay says why it need not."""
+    assert not vllm_patches.plan("presize").fits
+    assert cli.main(["patch", "presize", "--dry-run"]) == 0
+    assert "not needed: this vLLM sizes its staging buffers" in capsys.readouterr().out
 
 
 def test_the_command_without_vllm_says_so(

@@ -11,7 +11,10 @@ patch, then run the release tests with that overlay first on PYTHONPATH:
   refused   -> tests/test_release_support.py (the plugin leaves vLLM untouched, one warning)
 
   .venv/bin/python tools/compat_matrix.py 0.18.0 0.24.0 [--json rows.json]   # prints a markdown table
-  .venv/bin/python tools/compat_matrix.py --all   # 0.14.0 ... 0.33.0
+  .venv/bin/python tools/compat_matrix.py --all   # 0.14.0 ... 0.34.0
+
+A release answered otherwise than expected (supported from 0.18.0 on, refused before) fails with its
+tests not run; a release tools/atlas/releases.py does not list is refused with one line.
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ import time
 from pathlib import Path
 
 from atlas import overlay
-from atlas.releases import RELEASES
+from atlas.releases import RELEASES, SUPPORTED
 
 ROOT = Path(__file__).resolve().parents[1]
 CACHE = ROOT / ".cache" / "compat"
@@ -49,9 +52,24 @@ def release_env(version: str) -> tuple[dict[str, str], dict[str, object], str]:
     return overlay.release_env(version, CACHE, PACKAGES, ROOT)
 
 
+def expected_verdict(version: str) -> str:
+    """What the plugin must answer on a release this repository knows (tools/atlas/releases.py)."""
+    return "supported" if version in SUPPORTED else "refused"
+
+
 def run_release(version: str) -> dict[str, object]:
     started = time.monotonic()
+    if version not in ALL:
+        raise SystemExit(
+            f"unknown vLLM release {version!r}; known: {ALL[0]}-{ALL[-1]} (tools/atlas/releases.py)"
+        )
     env, result, torch = release_env(version)
+    expected = expected_verdict(version)
+    if result["verdict"] not in ("error", expected):  # neither what it supports nor what it refuses: loud
+        result.update(release=version, torch=torch, rc=1, passed=0, failed=0, skipped=0,
+                      tests=f"not run: the plugin answered {result['verdict']!r}, expected {expected!r}",
+                      seconds=round(time.monotonic() - started, 1))  # fmt: skip
+        return result
     if result["verdict"] == "error":  # the release does not import here: no tests to run, and a failure
         result.update(release=version, torch=torch, tests="not run: the probe failed", rc=1, passed=0,
                       failed=0, skipped=0, seconds=round(time.monotonic() - started, 1))  # fmt: skip
@@ -92,7 +110,7 @@ def main() -> int:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("releases", nargs="*")
-    parser.add_argument("--all", action="store_true", help="every release 0.14.0-0.33.0")
+    parser.add_argument("--all", action="store_true", help=f"every release {ALL[0]}-{ALL[-1]}")
     parser.add_argument("--json", help="write the rows as JSON here")
     args = parser.parse_args()
     releases = ALL if args.all else args.releases

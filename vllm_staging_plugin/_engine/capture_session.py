@@ -98,6 +98,7 @@ def _environment(manager: Any, state: ManagerState, profiling: bool) -> ReceiptS
         "policy": DEFAULT_ORDER if profiling else settings.order,
         "requested_policy": settings.order,
         "presize": settings.presize,
+        "vllm_sizes_staging": state.vllm_sizes,  # this vLLM sizes the buffers itself: presize is moot
         "rank": _rank(),
         "ranks_agreed": state.ranks_agreed,
         "is_last_pp_rank": bool(getattr(manager, "is_last_pp_rank", True)),

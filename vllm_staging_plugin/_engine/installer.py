@@ -115,8 +115,11 @@ class Installer:
             hook.remove()
 
     def _v2_manager_built(self) -> None:
-        """This worker runs Model Runner V2: the V1 guard has nothing to do."""
+        """This worker runs Model Runner V2: the V1 guard has nothing to do. Its model is loaded and its
+        KV-cache specs were taken before any manager exists, so a shared KDA layer not imported by now never
+        will be: that hook goes too."""
         self._remove_hook(V1_RUNNER_MODULE)
+        self._remove_hook(KDA_MODULE)
         self.guard.uninstall()
 
     def _v1_runner_built(self) -> None:

@@ -20,7 +20,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 from types import ModuleType
-from typing import Any
+from typing import Any, cast
 
 from .settings import ENV_KDA_FIX, ENV_STRICT, Settings
 from .wrapping import ClassWrap, plugin_wrapper
@@ -89,8 +89,9 @@ class KdaSlotsPatch:
         wrap, self.wrap = self.wrap, None
         return wrap.restore() if wrap is not None else []
 
-    def keep_slots(self, layer: str, vllm_config: Any, spec: Any) -> Any:
-        """``spec`` with one speculative slot per speculative token where the fault is, else ``spec``."""
+    def keep_slots(self, layer: str, vllm_config: Any, spec: Any, quiet: bool = False) -> Any:
+        """``spec`` with one speculative slot per speculative token where the fault is, else ``spec``
+        (``quiet``: no log line, for the pre-flight, which reports the answer itself)."""
         cache = getattr(vllm_config, "cache_config", None)
         if not getattr(cache, "use_replayssm", False) or spec is None:
             return spec
@@ -98,16 +99,18 @@ class KdaSlotsPatch:
         if not isinstance(tokens, int) or tokens <= 0:
             return spec
         blocks = getattr(spec, "num_speculative_blocks", None)
-        if not dataclasses.is_dataclass(spec) or not isinstance(blocks, int):
+        if isinstance(spec, type) or not dataclasses.is_dataclass(spec) or not isinstance(blocks, int):
             self.refuse(
                 f"{layer}.{SPEC_METHOD} returned {type(spec).__name__} without num_speculative_blocks"
             )
             return spec
         if blocks >= tokens:
-            self._already_kept(layer, blocks)
+            if not quiet:
+                self._already_kept(layer, blocks)
             return spec
-        kept = dataclasses.replace(spec, num_speculative_blocks=tokens)
-        self._announce(layer, tokens, slot_cost(vllm_config, spec, kept))
+        kept = dataclasses.replace(cast(Any, spec), num_speculative_blocks=tokens)
+        if not quiet:
+            self._announce(layer, tokens, slot_cost(vllm_config, spec, kept))
         return kept
 
     def refuse(self, reason: str) -> None:

@@ -190,7 +190,9 @@ class ManagerPatch:
                 self._deactivate(f"{type(exc).__name__}: {exc}")
                 return
             presizing = self.settings.presize == "on" and not self.vllm_presizes
-            manager.__dict__[STATE_ATTR] = ManagerState(self.settings, capacity if presizing else None)
+            manager.__dict__[STATE_ATTR] = ManagerState(
+                self.settings, capacity if presizing else None, vllm_sizes=self.vllm_presizes
+            )
             self._announce(manager, capacity)
 
         return __init__

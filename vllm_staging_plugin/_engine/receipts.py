@@ -47,9 +47,11 @@ class _Start(TypedDict):
 
 
 class _Agreement(TypedDict, total=False):
-    """The agreement check's count; a receipt without it was written by a plugin without that check."""
+    """Fields a receipt of an older plugin lacks: the agreement check's count, whether vLLM sized the
+    staging itself."""
 
     ranks_agreed: int | None  # ranks whose capture plan matched (None: not checked)
+    vllm_sizes_staging: bool  # the vLLM sized the staging itself (0.34.0); older receipts lack it
 
 
 class ReceiptStart(_Start, _Agreement):

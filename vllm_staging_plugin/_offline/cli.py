@@ -100,11 +100,16 @@ def patch_command(args: argparse.Namespace) -> int:
         print(f"vllm-staging-plugin patch: {exc}", file=sys.stderr)
         return 1
     words = PATCH_STATES[args.revert]
+    if args.name == "presize" and not args.revert and not result.fits and _vllm_sizes_staging():
+        print("vllm-staging-plugin patch: not needed: this vLLM sizes its staging buffers to the largest "
+              "capture descriptor itself (its capture staging, replayed on CPU in ascending order, holds the "
+              "largest descriptor's rows); nothing was written")  # fmt: skip
+        return 0
     for path, state in result.files.items():
         print(f"{words[state]}: {path}")
     if not result.fits:
-        print("vllm-staging-plugin patch: it does not fit this vLLM (written against vLLM 0.33.0); "
-              "nothing was written", file=sys.stderr)  # fmt: skip
+        print("vllm-staging-plugin patch: it does not fit this vLLM (written against vLLM 0.33.0; kda fits "
+              "0.30.0-0.34.0); nothing was written", file=sys.stderr)  # fmt: skip
         return 1
     if args.dry_run or not result.results:
         return 0
@@ -117,6 +122,16 @@ def patch_command(args: argparse.Namespace) -> int:
     undo = "" if args.revert else f"; undo with `vllm-staging-plugin patch {args.name} --revert`"
     print(f"{done} {args.name} to the installed vLLM; restart vLLM to use it{undo}")
     return 0
+
+
+def _vllm_sizes_staging() -> bool:
+    """By behaviour, not by version: the installed vLLM's own staging code replayed on CPU."""
+    from . import cpu_replay
+
+    try:
+        return cpu_replay.vllm_presizes()
+    except Exception:  # a vLLM the replay cannot drive: the patch's own answer stands
+        return False
 
 
 PATCH_STATES = {

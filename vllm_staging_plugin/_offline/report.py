@@ -210,7 +210,8 @@ def report(
         note = f" ({len(skipped)} file(s) skipped, see above)" if skipped else ""
         raise ReportError(
             f"vllm-staging-plugin report: no capture receipts in {shown}{note}; vLLM writes one JSON receipt "
-            f"per capture there when it runs with the plugin and STAGING_PLUGIN_RECEIPTS_DIR={shown}"
+            "per capture there when the plugin is active in it (vLLM 0.18.0 or later; `vllm-staging-plugin` "
+            f"without arguments says whether it patches this vLLM) and STAGING_PLUGIN_RECEIPTS_DIR={shown}"
         )
     if plot_path is not None:
         plot(rows, plot_path)

@@ -20,6 +20,11 @@ def default_sizes(max_size: int) -> tuple[int, ...]:
 
 
 DEFAULT_SIZES = default_sizes(512)
+# vLLM 0.34.0's compilation fields that split the capture sizes into prefill tokens and decode requests.
+SPLIT_SIZE_FIELDS = (
+    "prefill_cudagraph_capture_token_sizes", "max_prefill_cudagraph_capture_tokens",
+    "decode_cudagraph_capture_request_sizes", "max_decode_cudagraph_capture_requests",
+)  # fmt: skip
 
 
 @dataclass
@@ -117,5 +122,8 @@ def derived_capture_sizes(
     compilation.cudagraph_mode = CUDAGraphMode.FULL_AND_PIECEWISE
     compilation.cudagraph_capture_sizes = None
     compilation.max_cudagraph_capture_size = max_cudagraph_capture_size
+    for split in SPLIT_SIZE_FIELDS:  # 0.34.0: derived too, not the split make_vllm_config made
+        if hasattr(compilation, split):
+            setattr(compilation, split, None)
     vllm_config.model_config = types.SimpleNamespace(enforce_eager=False)
     return seams.derive_capture_sizes(vllm_config)

@@ -19,7 +19,7 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 from ... import __version__
-from ..._engine.settings import ENV_ORDER
+from ..._engine.settings import ENV_KDA_FIX, ENV_ORDER, KDA_FIX_VALUES, Settings
 from .. import internal, scoped, seams
 from ..text import first_line
 from . import workaround
@@ -38,7 +38,7 @@ __all__ = [
     "EXIT_WILL_NOT_SERVE", "GPUS", "exit_code", "main", "run",
 ]  # fmt: skip
 EXIT_BOOTS, EXIT_FAILS, EXIT_BAD_ARGUMENTS, EXIT_CANNOT_CHECK_HERE = 0, 1, 2, 3
-EXIT_WILL_NOT_SERVE = 4  # boots with the plugin, then vLLM's shared KDA layer faults on a mixed step
+EXIT_WILL_NOT_SERVE = 4  # boots with the plugin, whose KDA fix is off: vLLM's shared KDA layer faults
 EXIT_NOT_ANSWERED = 5  # a question that could change the verdict was not answered here (the report says)
 
 
@@ -79,6 +79,7 @@ def run(
     gpu: Gpu = GPUS["h200"],
     order_from: str = "--order",
     gpus: int | None = None,
+    kda_fix: str = "on",
 ) -> Preflight:
     """Parse, configure, build the manager and replay both arms at every pipeline position; when stock
     crashes, find and verify a grid that boots it. Raises BadArguments / CannotCheckHere.
@@ -100,8 +101,8 @@ def run(
         raise CannotCheckHere("vLLM is not installed in this environment")
     if not has_serve_parser():
         raise CannotCheckHere(
-            f"the check builds on vLLM 0.33.0's `vllm serve` parser ({PARSER_MODULE}), which vLLM "
-            f"{versions['vllm']} lacks; the plugin itself runs on 0.18.0-0.33.0"
+            f"the check builds on the `vllm serve` parser of vLLM 0.33.0 and later ({PARSER_MODULE}), "
+            f"which vLLM {versions['vllm']} lacks; the plugin itself runs on 0.18.0 and later"
         )
     with scoped.kept(os.environ), _installer_kept(), platform_for_check(gpu) as (platform, emulated):
         phases.add("imports", time.perf_counter() - started)  # vLLM's modules, under this machine's platform
@@ -118,7 +119,7 @@ def run(
             with phases.phase("inspect"):  # vLLM caches it: the configuration build below finds it
                 inspect_model_classes(str(args.model))
             config = create_engine_config(args)
-            if not config.use_v2_model_runner:
+            if not getattr(config, "use_v2_model_runner", True):  # 0.34.0 has no V1 runner (nor the flag)
                 raise CannotCheckHere(
                     "vLLM picks Model Runner V1 for this configuration: it has no ModelCudaGraphManager, "
                     "so neither the plugin nor this check applies"
@@ -136,11 +137,14 @@ def run(
         stages: list[StageResult] = []
         with phases.phase("replay"):
             runs = replay_stock(vllm_config, inputs)
-            settings = plugin_settings(order)
+            settings = plugin_settings(order, kda_fix)
             for stage, stock, _ in runs:
                 plugin, _ = replay_arm(vllm_config, inputs, patched=True, stage=stage, settings=settings)
                 stages.append(StageResult(stage.index, stage.staged, stock, plugin))
             kda_step, kda_step_error = _kda_step(vllm_config)
+            kda_plugin = (
+                _kda_step(vllm_config, settings)[0] if kda_step is not None and kda_step.faults else None
+            )
         serving_fix = None
         if kda_step is not None and kda_step.faults:
             with phases.phase("serving fix"):
@@ -200,17 +204,28 @@ def run(
         vllm_presizes=presizes,
         kda_step=kda_step,
         kda_step_error=kda_step_error,
+        kda_step_plugin=kda_plugin,
+        kda_fault_at_boot=seams.fault_at_boot(),
         serving_fix=serving_fix,
     )
 
 
-def _kda_step(vllm_config: Any) -> tuple[Any, str | None]:
-    """vLLM's shared KDA layer on a speculative decode beside a prefill (seams.kda_mixed_step); a check
-    that cannot be made here is reported, never fatal."""
+def _kda_step(vllm_config: Any, settings: Settings | None = None) -> tuple[Any, str | None]:
+    """vLLM's shared KDA layer on a speculative decode beside a prefill (seams.kda_mixed_step): stock, or
+    with the plugin's own KDA state-slot fix when ``settings`` turn it on; a check that cannot be made
+    here is reported, never fatal."""
+    from ..._engine.kda_slots import KdaSlotsPatch
     from .. import seams
 
+    adjust = None
+    if settings is not None and settings.kda_fix == "on":
+        fix = KdaSlotsPatch(settings)
+
+        def adjust(spec: Any) -> Any:
+            return fix.keep_slots("KimiGatedDeltaNetAttention", vllm_config, spec, quiet=True)
+
     try:
-        return seams.kda_mixed_step(vllm_config), None
+        return seams.kda_mixed_step(vllm_config, adjust), None
     except Exception as exc:
         architectures = getattr(vllm_config.model_config, "architectures", None) or []
         missing = missing_behind(exc, [a for a in architectures if isinstance(a, str)])
@@ -261,9 +276,18 @@ def main(
     """Run the pre-flight and print it; the exit code says whether the plugin boots the configuration."""
     order_from = "--order" if order else ENV_ORDER
     order = order or os.environ.get(ENV_ORDER, "").strip() or "descending"
+    raw = os.environ.get(ENV_KDA_FIX, "")
+    kda_fix = {"1": "on", "true": "on", "0": "off", "false": "off"}.get(
+        raw.strip().lower(), raw.strip().lower()
+    )
+    if (kda_fix or "on") not in KDA_FIX_VALUES:
+        message = (
+            f"{ENV_KDA_FIX}={raw!r}; allowed values: {', '.join(KDA_FIX_VALUES)} (1/true = on, 0/false = off)"
+        )
+        return _fail(EXIT_BAD_ARGUMENTS, "bad arguments", message, as_json)
     try:
         with _logs_to_stderr():
-            result = run(serve_argv, order, GPUS[gpu_name], order_from, gpus)
+            result = run(serve_argv, order, GPUS[gpu_name], order_from, gpus, kda_fix or "on")
     except BadArguments as exc:
         return _fail(EXIT_BAD_ARGUMENTS, "bad arguments", str(exc), as_json)
     except CannotCheckHere as exc:
@@ -289,7 +313,7 @@ def exit_code(result: Preflight) -> int:
     plugin_arms = [s.plugin for s in result.stages]
     if not result.plugin_boots:
         return EXIT_FAILS if all(arm.conclusive for arm in plugin_arms) else EXIT_NOT_ANSWERED
-    if not result.serves:
+    if not result.plugin_serves:
         return EXIT_WILL_NOT_SERVE
     return EXIT_NOT_ANSWERED if result.kda_step_error is not None else EXIT_BOOTS
 

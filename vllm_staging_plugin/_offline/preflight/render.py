@@ -43,8 +43,9 @@ def render(result: Preflight) -> str:
         lines.append(f"  vLLM's error  {stock.error}")
     if result.vllm_presizes:
         lines.append(
-            "this vLLM already pre-sizes its staging buffers to the largest capture descriptor: the plugin "
-            "leaves them to vLLM and keeps only the order knob (STAGING_PLUGIN_ORDER)"
+            "this vLLM sizes its staging buffers to the largest capture descriptor itself: stock boots "
+            "in any capture order, and the plugin leaves the buffers to vLLM (it keeps the order knob "
+            "STAGING_PLUGIN_ORDER, receipts and its KDA state-slot fix)"
         )
     if result.plugin_boots:
         same = result.identical_to_stock
@@ -70,9 +71,13 @@ def render(result: Preflight) -> str:
             lines.append(f"  or keep your grid with {widths} speculative tokens: stock vLLM boots that too")
         if not result.serves:
             lines.append("  this gets stock vLLM through the capture only: the serving fault above stays "
-                         "(its fix is above)")  # fmt: skip
+                         "(its fixes are above)")  # fmt: skip
         elif result.kda_step_error is not None:
             lines.append("  whether it then serves was not checked here (see serving above)")
+    if result.fixed_in_vllm is not None:
+        lines.append("")
+        lines.append(f"or upgrade: vLLM {result.fixed_in_vllm} sizes its staging buffers itself, and this "
+                     "crash is gone there")  # fmt: skip
     if result.notes:
         lines.append("")
         lines.extend(f"note: {note}" for note in result.notes)

@@ -22,10 +22,10 @@ def _describe(mode: Any, desc: Any) -> str:
     return parts[0] + (f" ({', '.join(parts[1:])})" if len(parts) > 1 else "")
 
 
-def plugin_settings(order: str) -> Settings:
-    """The patched arm: the chosen order, pre-sizing on, strict (a plugin that would refuse this vLLM
-    raises instead of silently leaving it stock), no receipts."""
-    return Settings(order=order, presize="on", strict=True)
+def plugin_settings(order: str, kda_fix: str = "on") -> Settings:
+    """The patched arm: the chosen order, pre-sizing on, the KDA state-slot fix as asked, strict (a plugin
+    that would refuse this vLLM raises instead of silently leaving it stock), no receipts."""
+    return Settings(order=order, presize="on", strict=True, kda_fix=kda_fix)
 
 
 @dataclass(frozen=True)

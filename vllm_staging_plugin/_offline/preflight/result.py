@@ -9,6 +9,8 @@ from ... import __version__
 from ..seams import KdaMixedStep
 from .workaround import Workaround
 
+FIRST_SIZING_RELEASE = "0.34.0"  # vLLM sizes its staging buffers by the largest descriptor from here on
+
 
 @dataclass
 class Arm:
@@ -72,13 +74,21 @@ class Preflight:
     vllm_presizes: bool = False  # the installed vLLM sizes its staging by the largest descriptor itself
     kda_step: KdaMixedStep | None = None  # vLLM's shared KDA layer on a decode beside a prefill
     kda_step_error: str | None = None  # why that could not be checked here
+    kda_step_plugin: KdaMixedStep | None = None  # where stock faults: the same step with the plugin's fix
+    kda_fault_at_boot: bool = False  # this vLLM runs such a step in its boot warm-up (0.34.0)
     serving_fix: ServingFix | None = None  # where it faults: the arguments re-checked without the fault
 
     @property
     def serves(self) -> bool:
-        """False when vLLM's shared KDA layer reads past its state index on a speculative decode beside a
-        prefill (the engine dies or overwrites another request's state)."""
+        """Stock vLLM's answer: False when its shared KDA layer reads past its state index on a speculative
+        decode beside a prefill (the engine dies or overwrites another request's state)."""
         return self.kda_step is None or not self.kda_step.faults
+
+    @property
+    def plugin_serves(self) -> bool:
+        """With the plugin: its KDA state-slot fix gives the kernel an index as wide as the query."""
+        fixed = self.kda_step_plugin
+        return self.serves or (fixed is not None and not fixed.faults)
 
     @property
     def unanswered(self) -> list[str]:
@@ -108,15 +118,29 @@ class Preflight:
             return [f"serving: {where} indexes a speculative decode beside a prefill with "
                     f"{step.index_columns} state columns for its {step.query_length} tokens"]  # fmt: skip
         extra = step.extra_bytes_per_request / 1024**2
+        spent = (f"{step.query_length - 1} more state slots per request in its {step.kda_layers} KDA layers: "
+                 f"{extra:.1f} MiB per request on each GPU")  # fmt: skip
+        when = (
+            "this vLLM runs such a step in its boot warm-up, so stock vLLM dies at boot (CUDA illegal "
+            "memory access)"
+            if self.kda_fault_at_boot
+            else "the engine dies (CUDA illegal memory access) or another request's state is overwritten"
+        )
+        fixed = self.kda_step_plugin is not None and not self.kda_step_plugin.faults
+        plugin = (
+            "  with the plugin: fixed, it serves (the layer keeps one state slot per speculative token: "
+            f"{spent}, as vLLM without --use-replayssm)"
+            if fixed
+            else "  with the plugin: NOT fixed (its KDA state-slot fix is off: STAGING_PLUGIN_KDA_FIX=off)"
+        )
         return [
             "",
-            f"WARNING serving: {where} reads past its state index on every step that mixes a speculative "
-            "decode with a prefill: the engine dies (CUDA illegal memory access) or another request's state "
-            "is overwritten",
+            f"{'serving' if fixed else 'WARNING serving'}: stock {where} reads past its state index on every "
+            f"step that mixes a speculative decode with a prefill: {when}",
             f"  why   --use-replayssm leaves it {step.index_columns} state slot per request; its kernel "
             f"reads {step.query_length} index words (1 + {step.query_length - 1} speculative tokens)",
-            f"  fix   drop --use-replayssm ({step.query_length - 1} more state slots per request in its "
-            f"{step.kda_layers} KDA layers: {extra:.1f} MiB per request on each GPU), or patch vLLM with "
+            plugin,
+            f"  without the plugin: drop --use-replayssm ({spent}), or patch vLLM with "
             "`vllm-staging-plugin patch kda --apply` (same memory, --use-replayssm kept)",
             *self._serving_fix_lines(),
         ]
@@ -171,6 +195,12 @@ class Preflight:
         return self.stock.buffers == self.plugin.buffers
 
     @property
+    def fixed_in_vllm(self) -> str | None:
+        """Where stock crashes at the staging copy: the first vLLM release that sizes the buffers itself."""
+        crashed = any(not s.stock.ok and s.stock.conclusive for s in self.stages)
+        return FIRST_SIZING_RELEASE if crashed and not self.vllm_presizes else None
+
+    @property
     def staging_bytes(self) -> int:
         return sum(int(b["bytes"]) for b in self.plugin.buffers.values())
 
@@ -209,6 +239,7 @@ class Preflight:
                 for s in self.stages
             ],
             "stock_workaround": self._workaround_json(),
+            "fixed_in_vllm": self.fixed_in_vllm,
             "serve": self._serve_json(),
             "answered": not self.unanswered,
             "unanswered": self.unanswered,
@@ -232,12 +263,14 @@ class Preflight:
         fix = self.serving_fix.to_json() if self.serving_fix else None
         if step is None:
             applies = None if self.kda_step_error is not None else False
-            return {"applies": applies, "checked": False, "ok": None, "error": self.kda_step_error,
-                    "advice": advice, "fix": fix}  # fmt: skip
+            return {"applies": applies, "checked": False, "ok": None, "plugin_ok": None,
+                    "error": self.kda_step_error, "advice": advice, "fix": fix}  # fmt: skip
         return {
             "applies": True,
             "checked": True,
             "ok": not step.faults,
+            "plugin_ok": self.plugin_serves,
+            "fault_at_boot": self.kda_fault_at_boot and step.faults,
             "error": None,
             "advice": advice,
             "fix": fix,

@@ -24,7 +24,7 @@ from .config import (
     model_import_error,
     split_capture_sizes,
 )
-from .kda import KdaMixedStep, kda_layer_class, kda_mixed_step
+from .kda import KdaMixedStep, fault_at_boot, kda_layer_class, kda_mixed_step
 from .manager import (
     ManagerInputs,
     capture_arguments,
@@ -51,7 +51,8 @@ __all__ = [
     "KERNEL_QUERIES", "PLATFORM_BRANCHING_MODULES", "KdaMixedStep", "ManagerInputs", "SeamChanged",
     "capability_family", "capture_arguments", "capture_on_cpu", "capture_plan", "config_failure",
     "cpu_capture_edges", "cuda_platform_class", "cudagraph_module", "derive_capture_sizes",
-    "graph_pool_stub", "import_under_machine_platform", "inspect_architecture", "kda_layer_class",
+    "fault_at_boot", "graph_pool_stub", "import_under_machine_platform", "inspect_architecture",
+    "kda_layer_class",
     "kda_mixed_step", "kernel_library_answers", "manager_features", "manager_inputs", "model_class",
     "model_import_error",
     "new_manager", "platform_bound", "replayed_plan", "split_capture_sizes",

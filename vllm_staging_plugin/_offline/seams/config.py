@@ -23,11 +23,13 @@ def split_capture_sizes(vllm_config: Any, decode_query_len: int) -> bool:
     ``__post_init__`` does for an operator-set grid; False on a release without the split (0.18.0-0.33.0
     read ``cudagraph_capture_sizes`` directly). Privates: ``VllmConfig._split_cudagraph_capture_sizes``
     ``(legacy_sizes, target_query_lens)`` and the public ``get_decode_cudagraph_query_lens`` (0.34.0);
-    re-signed, TypeError, and the replay that asked reports it."""
+    re-signed, TypeError, and the replay that asked reports it. ``legacy_sizes`` is passed False: with it
+    True vLLM logs its deprecation warning for a grid the replay set, not the operator; the only other
+    difference, data-centre Blackwell's wider default grids, needs that platform, never the replay's."""
     split = getattr(vllm_config, "_split_cudagraph_capture_sizes", None)
     if split is None:
         return False
-    split(True, vllm_config.get_decode_cudagraph_query_lens(decode_query_len))
+    split(False, vllm_config.get_decode_cudagraph_query_lens(decode_query_len))
     return True
 
 

@@ -7,9 +7,10 @@ import contextlib
 import dataclasses
 import math
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
+from ..._engine.wrapping import stock
 from ..scoped import attributes
 from .changed import SeamChanged
 from .config import model_class
@@ -100,11 +101,32 @@ def _host_copies() -> Iterator[None]:
         yield
 
 
-def kda_mixed_step(vllm_config: Any) -> KdaMixedStep | None:
+def fault_at_boot() -> bool:
+    """Whether this vLLM's worker runs a speculative decode beside a prefill before it serves, so that the
+    shared KDA layer's fault ends the boot rather than the first such serving step. Read by structure:
+    ``run_kv_cache_sizing_warmup`` in ``vllm/v1/worker/gpu/warmup.py`` (0.34.0, whose warm-up steps verify
+    a full set of drafts beside a prefill; the dense Kimi-Linear shape died there on an H200, 2 boots of
+    2); absent in 0.18.0-0.33.0, whose boots got past it on the same GPU."""
+    try:
+        import vllm.v1.worker.gpu.warmup as warmup
+    except ImportError:
+        return False
+    return hasattr(warmup, "run_kv_cache_sizing_warmup")
+
+
+def kda_mixed_step(
+    vllm_config: Any, adjust: Callable[[Any], Any] | None = None, as_installed: bool = False
+) -> KdaMixedStep | None:
     """Build the installed vLLM's real KDA metadata for a step that mixes a speculative decode with a
     prefill, on CPU, and report the state index the speculative kernel gets. None where it does not apply:
     no speculative decoding, no Kimi KDA layer, or a layer with its own metadata (Kimi-K3's, whose
     RecoverSSM kernels read the one slot it gives).
+
+    The spec is vLLM's own ``get_kv_cache_spec``'s, never a plugin wrapper's (the process may have the
+    plugin installed), unless ``as_installed``: then the layer's method as this process holds it (the
+    contract tests' view of an installed plugin). ``adjust`` (the pre-flight's plugin arm: the engine's
+    :class:`~vllm_staging_plugin._engine.kda_slots.KdaSlotsPatch`) is handed that spec and returns the one
+    the builder gets.
 
     Privates: the layer's ``get_kv_cache_spec`` (its state slots per request; ``--use-replayssm`` gives
     one, ``vllm/model_executor/layers/mamba/abstract.py``), ``GDNAttentionMetadataBuilder``
@@ -134,7 +156,10 @@ def kda_mixed_step(vllm_config: Any) -> KdaMixedStep | None:
     if builder_cls is not GDNAttentionMetadataBuilder:
         return None
     with set_current_vllm_config(vllm_config):
-        spec = layer.get_kv_cache_spec(vllm_config)
+        method = type(layer).get_kv_cache_spec
+        spec = (method if as_installed else stock(method))(layer, vllm_config)
+    if adjust is not None:
+        spec = adjust(spec)
     query = 1 + num_spec
     prefill = 12
     blocks = math.ceil((16 + query) / spec.block_size) + 1 + spec.num_speculative_blocks

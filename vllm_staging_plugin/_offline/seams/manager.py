@@ -135,7 +135,8 @@ def manager_features(cudagraph_module: Any) -> dict[str, bool]:
         "varlen_decode": "varlen_decode" in params,
         "dbo": "ubatch_runner" in params and "_maybe_ubatch_twin" in candidates,
         "kda_recoverssm": "use_kda_recoverssm" in candidates,
-        "dense_schedule": "uses_dynamic_speculative_decoding" in candidates,
+        # 0.25.0-0.33.0 read the schedule in _init_candidates; 0.34.0 hands the manager its query lengths
+        "dense_schedule": "uses_dynamic_speculative_decoding" in candidates or "decode_query_lens" in params,
         "intermediate_tensors": "intermediate_tensors" in init,
     }
 
@@ -230,30 +231,39 @@ def manager_inputs(vllm_config: Any) -> ManagerInputs:
     """Mirror ``GPUModelRunner`` (MRv2) ``load_model``/``initialize_kv_cache`` up to the manager's birth.
 
     Parts that need the loaded model or its attention backends are taken at their usual values and
-    listed in ``notes``. Internals it calls as the runner does (0.32.0-0.33.0):
-    ``CompilationConfig.resolve_cudagraph_mode_and_sizes``, ``VLLM_USE_BREAKABLE_CUDAGRAPH``,
-    ``get_lora_capture_cases``, ``requires_aux_hidden_states`` and ``get_eagle3_aux_layers_from_config``;
-    one renamed or re-signed raises (ImportError, TypeError) and the pre-flight reports it, except
-    ``get_eagle3_aux_layers_from_config``: without it the auxiliary buffers are counted from the draft's
-    layer ids, else 3 (vLLM's default before it had the function).
+    listed in ``notes``. Internals it calls as the runner does (0.32.0-0.34.0):
+    ``CompilationConfig.resolve_cudagraph_mode_and_sizes`` (its ``use_v2_model_runner`` keyword only
+    where it has one: 0.34.0 has no V1 runner), ``VLLM_USE_BREAKABLE_CUDAGRAPH``,
+    ``get_lora_capture_cases``, whether the draft needs auxiliary hidden states
+    (``requires_aux_hidden_states``
+    of ``eagle3_utils`` up to 0.33.0, ``SpeculativeConfig.uses_aux_hidden_states`` in 0.34.0) and
+    ``get_eagle3_aux_layers_from_config``; one renamed or re-signed raises (ImportError, TypeError,
+    AttributeError) and the pre-flight reports it, except ``get_eagle3_aux_layers_from_config``: without
+    it the auxiliary buffers are counted from the draft's layer ids, else 3 (vLLM's default before it had
+    the function).
     """
     import vllm.envs as envs
     from vllm.config.compilation import CompilationMode
     from vllm.v1.attention.backend import AttentionCGSupport
     from vllm.v1.worker.gpu.lora_utils import get_lora_capture_cases
-    from vllm.v1.worker.gpu.spec_decode.eagle.eagle3_utils import requires_aux_hidden_states
 
     notes: list[str] = []
     # decode_query_len = num_speculative_steps + model_state.num_new_sampled_tokens_per_step (1 for
     # every ModelState in 0.33.0 except the diffusion-Gemma one).
     decode_query_len = int(vllm_config.num_speculative_tokens) + 1
     compilation = vllm_config.compilation_config
-    piecewise = bool(envs.VLLM_USE_BREAKABLE_CUDAGRAPH) or compilation.mode == CompilationMode.VLLM_COMPILE
-    mode = compilation.resolve_cudagraph_mode_and_sizes(
+    piecewise = _breakable_cudagraph(compilation, envs) or compilation.mode == CompilationMode.VLLM_COMPILE
+    resolve = compilation.resolve_cudagraph_mode_and_sizes
+    v2: dict[str, Any] = (
+        {"use_v2_model_runner": True}
+        if "use_v2_model_runner" in inspect.signature(resolve).parameters
+        else {}
+    )
+    mode = resolve(
         AttentionCGSupport.ALWAYS,
         None,
         decode_query_len,
-        use_v2_model_runner=True,
+        **v2,
         kv_cache_config=None,
         max_num_reqs=vllm_config.scheduler_config.max_num_seqs,
         is_profiling=False,
@@ -269,7 +279,7 @@ def manager_inputs(vllm_config: Any) -> ManagerInputs:
     spec = vllm_config.speculative_config
     varlen = bool(spec is not None and getattr(spec, "enable_adaptive_verification", False))
     aux_layers = 0
-    if spec is not None and requires_aux_hidden_states(spec):
+    if spec is not None and _uses_aux_hidden_states(spec):
         aux_layers = _aux_layer_count(spec)
         notes.append(f"{aux_layers} auxiliary hidden-state buffers (the draft's layer ids, else vLLM's 3)")
     dbo = bool(getattr(vllm_config.parallel_config, "enable_dbo", False))
@@ -285,6 +295,27 @@ def manager_inputs(vllm_config: Any) -> ManagerInputs:
         aux_layers=aux_layers,
         notes=notes,
     )
+
+
+def _breakable_cudagraph(compilation: Any, envs: Any) -> bool:
+    """Whether PIECEWISE graphs are captured without torch.compile: vLLM's own answer from the config
+    (``compilation_config.use_breakable_cudagraph``, which 0.34.0 resolves per model), else its variable."""
+    try:
+        from vllm.compilation.breakable_cudagraph import is_breakable_cudagraph_enabled
+    except ImportError:
+        return bool(envs.VLLM_USE_BREAKABLE_CUDAGRAPH)
+    if "compilation_config" in inspect.signature(is_breakable_cudagraph_enabled).parameters:
+        return bool(is_breakable_cudagraph_enabled(compilation))
+    return bool(envs.VLLM_USE_BREAKABLE_CUDAGRAPH)
+
+
+def _uses_aux_hidden_states(spec: Any) -> bool:
+    """Whether the runner stages auxiliary hidden states for this draft (EAGLE3, DFlash, DSpark)."""
+    try:
+        from vllm.v1.worker.gpu.spec_decode.eagle.eagle3_utils import requires_aux_hidden_states
+    except ImportError:  # 0.34.0: the speculative config answers
+        return bool(spec.uses_aux_hidden_states)
+    return bool(requires_aux_hidden_states(spec))
 
 
 def _aux_layer_count(spec: Any) -> int:
