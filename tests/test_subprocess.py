@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 from childproc import TESTS, Checks, clean_environment, once_per_run, run_checks
+from release import SIZES_STAGING
 
 pytest.importorskip("vllm.plugins")
 pytestmark = pytest.mark.subprocess
@@ -55,15 +56,21 @@ def test_register_imports_neither_torch_nor_vllm_nor_pluggy(child: Checks) -> No
 
 def test_vllm_discovers_and_applies_the_plugin(child: Checks) -> None:
     result = child.value("the plugin named")
-    assert result["patched"] and result["registered"] and result["capacity_attr"] == 512
+    # vLLM 0.34.0 sizes the buffers itself: the plugin records no capacity and says so
+    assert result["patched"] and result["registered"]
+    assert result["capacity_attr"] == (None if SIZES_STAGING else 512)
     assert result["ok"] and result["rows"] == {"hidden_states": 512}
-    assert "sized to 512 rows" in child.log("the plugin named")  # through vLLM's own log handler
+    said = "to the largest of its" if SIZES_STAGING else "sized to 512 rows"
+    assert said in child.log("the plugin named")  # through vLLM's own log handler
 
 
 def test_vllm_plugins_naming_another_plugin_leaves_vllm_stock(child: Checks) -> None:
     result = child.value("another plugin named")
     assert not result["patched"] and not result["registered"] and result["capacity_attr"] is None
-    assert not result["ok"] and "must match the existing size" in result["error"]
+    if SIZES_STAGING:  # the child's capture order is not vLLM's: stock 0.34.0 boots it
+        assert result["ok"]
+    else:
+        assert not result["ok"] and "must match the existing size" in result["error"]
 
 
 def test_third_party_policy_through_entry_point(child: Checks) -> None:

@@ -18,6 +18,7 @@ import zipfile
 from pathlib import Path
 
 import pytest
+from release import SIZES_STAGING
 
 from vllm_staging_plugin._offline import vllm_patches
 
@@ -179,7 +180,10 @@ def test_from_a_clean_venv_the_commands_and_the_patches_work(wheel: Path, tmp_pa
     assert again == [0, f"already applied: {kda}\n", ""]
     assert reverted[0] == 0 and reverted[1].startswith(f"would revert: {kda}\nreverted kda")
     assert kda.read_bytes() == (real / kda.relative_to(fake)).read_bytes()  # applied, then reverted exactly
-    assert not_applied == [0, f"not applied: {fake / targets[0]}\n", ""]
+    if SIZES_STAGING:  # vLLM 0.34.0's file is neither stock 0.33.0's nor the patched one
+        assert not_applied[:2] == [1, f"does not fit: {fake / targets[0]}\n"]
+    else:
+        assert not_applied == [0, f"not applied: {fake / targets[0]}\n", ""]
     version = subprocess.run(
         [venv / "bin" / "vllm-staging-plugin", "--version"], cwd=work, env=env, capture_output=True, text=True
     )

@@ -34,7 +34,11 @@ def render(result: Preflight) -> str:
     )
     lines.append("")
     stock = result.stock
-    if stock.ok:
+    if stock.ok and result.kda_fault_at_boot and not result.serves:
+        held = describe_buffers(stock.buffers)
+        lines.append(f"stock vLLM (its own order): its staging holds ({held}), but it dies at boot in its "
+                     "warm-up, before the capture (serving, below)")  # fmt: skip
+    elif stock.ok:
         lines.append(f"stock vLLM (its own order): boots ({describe_buffers(stock.buffers)})")
     else:
         lines.append("stock vLLM (its own order): crashes at capture")

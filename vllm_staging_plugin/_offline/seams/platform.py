@@ -30,6 +30,9 @@ PLATFORM_BRANCHING_MODULES = (
     "vllm.distributed.ec_transfer",
     "vllm.engine.arg_utils",
     "vllm.entrypoints.common.cli_args",
+    # 0.34.0's GDN metadata builder imports it when built, and under emulated CUDA its Triton kernels' module
+    # (ssd_chunk_scan) fails without Triton; imported here first it takes the machine's own branch
+    "vllm.model_executor.layers.mamba.gdn.qwen_gdn_linear_attn",
     "vllm.model_executor.model_loader.weight_utils",
     "vllm.model_executor.models.config",
     "vllm.model_executor.models.registry",
