@@ -23,12 +23,14 @@ import shutil
 import subprocess
 import sys
 from collections.abc import Iterator
+from importlib.metadata import version
 from pathlib import Path
 from typing import Any
 
 import pytest
 from childproc import Checks, clean_environment, finish, once_per_run, start
 from configs import KIMI_CRASH, KIMI_LINEAR_4_LAYERS, NO_WEIGHTS, QWEN3_0_6B, model_folder
+from release import SIZES_STAGING
 from stable import assert_says
 
 from vllm_staging_plugin._offline.cli import main
@@ -177,7 +179,7 @@ def test_an_unknown_architecture_is_one_line_not_vllms_list(tmp_path: Path, caps
     assert code == 2 and text.out == ""
     (line,) = text.err.strip().splitlines()
     assert_says(line, "vllm-staging-plugin check: bad arguments: ModelConfig: Model architectures "
-                "['NoSuchModelForCausalLM'] are not supported", "vLLM 0.33.0 does not know this architecture",
+                "['NoSuchModelForCausalLM'] are not supported", f"vLLM {version('vllm')} does not know this",
                 "`architectures` in config.json")  # fmt: skip
     out = one_json_object(json_code, as_json.out, as_json.err)
     assert out["exit_code"] == 2 and len(str(out["message"])) < 300
@@ -229,23 +231,31 @@ def test_the_console_script_end_to_end_quietly(children: dict[str, Any]) -> None
     answer reaches the terminal: no vLLM INFO line, none of the CPU-only warnings."""
     quiet = children["quiet"]
     assert [name.rsplit("-", 1)[-1] for name in quiet["inspected"]] == ["KimiLinearForCausalLM.json"]
-    assert quiet["code"] == 4, quiet["out"][-2000:] + quiet["err"][-3000:]  # boots, will not serve
+    assert quiet["code"] == 0, quiet["out"][-2000:] + quiet["err"][-3000:]  # boots and serves with the plugin
     out = quiet["out"]
     assert "  PIECEWISE    4 descriptors, num_tokens 8, 4, 2, 1" in out
     assert "  FULL         3 descriptors, num_tokens 9, 6, 3" in out
-    assert "stock vLLM (its own order): crashes at capture" in out and STOCK_CRASH in out
-    assert "  allocated by  PIECEWISE num_tokens=8" in out
-    assert "  did not fit   FULL num_tokens=9 (uniform decode 3 x 3)" in out
+    if SIZES_STAGING:  # vLLM 0.34.0 sizes the staging itself, then dies in its boot warm-up (KDA)
+        assert "stock vLLM (its own order): its staging holds (hidden_states [9, 2304]" in out
+        assert "but it dies at boot in its warm-up, before the capture (serving, below)" in out
+    else:
+        assert "stock vLLM (its own order): crashes at capture" in out and STOCK_CRASH in out
+        assert "  allocated by  PIECEWISE num_tokens=8" in out
+        assert "  did not fit   FULL num_tokens=9 (uniform decode 3 x 3)" in out
+        assert "or upgrade: vLLM 0.34.0 sizes its staging buffers itself, and this crash is gone there" in out
     assert "with the plugin (order descending): boots, 9-row buffers" in out
-    assert "WARNING serving: vLLM's shared KDA layer (KimiGatedDeltaNetAttention" in out
+    assert "serving: stock vLLM's shared KDA layer (KimiGatedDeltaNetAttention" in out
     assert "reads past its state index on every step that mixes a speculative decode with a prefill" in out
     assert "its kernel reads 3 index words (1 + 2 speculative tokens)" in out
-    assert quiet["err"] == ""
+    assert "  with the plugin: fixed, it serves" in out
+    # vLLM 0.34.0's own warning that the grid's knob is deprecated reaches the operator; nothing else does
+    deprecated = [line for line in quiet["err"].splitlines() if "cudagraph_capture_sizes" not in line]
+    assert deprecated == [] if SIZES_STAGING else quiet["err"] == ""
 
 
 def test_verbose_shows_everything_else_unchanged(children: dict[str, Any]) -> None:
     loud = children["verbose"]
-    assert loud["code"] == 4 and loud["out"] == children["quiet"]["out"]
+    assert loud["code"] == 0 and loud["out"] == children["quiet"]["out"]
     assert " INFO " in loud["err"] and any(noise in loud["err"] for noise in CPU_ONLY_NOISE)
     assert loud["err"].startswith("note: messages about vllm._C and Triton are expected on a machine without")
 

@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 from configs import K3_4_LAYERS, K3_DRAFTERS, NO_WEIGHTS
+from release import SIZES_STAGING
 
 pytest.importorskip("vllm.v1.worker.gpu.cudagraph_utils")
 
@@ -51,12 +52,15 @@ def test_the_k3_dspark_deployment_is_answered_with_every_aux_buffer(
     capsys: Any, block: int, tokens: int | None, capacity: int, crash: tuple[int, int] | None, tp: int
 ) -> None:
     code, out = k3_check(capsys, block, tokens, tp)
+    if SIZES_STAGING and block == 7:  # 0.34.0 captures decode graphs by request count: 48 x 8 = 384 tokens
+        capacity = 384
     assert code == 0 and out["architecture"] == "KimiK3ForConditionalGeneration"
     assert out["answered"] is True and out["unanswered"] == []  # every question answered in this environment
     assert out["serve"] | {"advice": None} == {
         "applies": False,
         "checked": False,
         "ok": None,
+        "plugin_ok": None,
         "error": None,
         "advice": None,
         "fix": None,
@@ -71,9 +75,10 @@ def test_the_k3_dspark_deployment_is_answered_with_every_aux_buffer(
     }
     assert out["staging_bytes"] == (1 + taps(block)) * capacity * 7168 * 2  # bfloat16
     stock, workaround = out["stock"], out["stock_workaround"]
-    if crash is None:
-        assert stock["ok"] is True and workaround is None
+    if crash is None or SIZES_STAGING:  # 0.34.0 sizes its staging itself: stock boots every one
+        assert stock["ok"] is True and workaround is None and out["fixed_in_vllm"] is None
         return
+    assert out["fixed_in_vllm"] == "0.34.0"
     assert stock["ok"] is False
     assert f"tensor ({crash[0]}) must match the existing size ({crash[1]})" in stock["error"]
     assert f"Target sizes: [{crash[0]}, 7168]" in stock["error"]
@@ -105,6 +110,7 @@ def _tool() -> Any:
     return module
 
 
+@pytest.mark.skipif(SIZES_STAGING, reason="the page gives vLLM 0.33.0's answers")
 def test_the_k3_settings_page_is_what_check_answers_now() -> None:
     """The page's rows at tensor parallel 8 with --use-replayssm (the ones that crash stock among them)
     are regenerated here and must be on the page as they are."""

@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 from configs import ARCHITECTURES, K3, KIMI_CRASH, KIMI_LINEAR_4_LAYERS, NO_WEIGHTS, QWEN3_0_6B, model_folder
 from fakes import installed, is_patched
+from release import SIZES_STAGING
 
 pytest.importorskip("vllm.v1.worker.gpu.cudagraph_utils")
 from stable import assert_says
@@ -44,26 +45,35 @@ def check_json(capsys: Any, *words: str) -> tuple[int, dict[str, Any]]:
 def test_kimi_linear_crashes_stock_in_vllms_own_order_and_boots_patched(tmp_path: Path, capsys: Any) -> None:
     model = model_folder(tmp_path / "kimi", KIMI_LINEAR_4_LAYERS)
     code, out = check_json(capsys, model, *NO_WEIGHTS, *KIMI_CRASH)
-    assert code == preflight.EXIT_WILL_NOT_SERVE == 4  # boots with the plugin; see the serve test below
+    assert code == preflight.EXIT_BOOTS  # boots and serves with the plugin (its KDA state-slot fix)
     assert out["architecture"] == "KimiLinearForCausalLM" and out["use_kda_recoverssm"] is True
-    assert out["decode_query_len"] == 3 and out["capture_sizes"] == [1, 2, 4, 8, 16]
-    assert out["sequence"] == {"PIECEWISE": [8, 4, 2, 1], "FULL": [9, 6, 3]}
+    assert out["decode_query_len"] == 3
+    assert out["sequence"] == {"PIECEWISE": [8, 4, 2, 1], "FULL": [9, 6, 3]}  # the same plan on 0.34.0
     assert out["capacity"] == 9
-    assert out["stock"]["ok"] is False and STOCK_CRASH in out["stock"]["error"]
-    assert out["stock"]["allocated_by"] == "PIECEWISE num_tokens=8"
-    assert out["stock"]["failed_at"].startswith("FULL num_tokens=9")
+    if SIZES_STAGING:  # vLLM 0.34.0 sizes its staging itself: no crash, no workaround, nothing to upgrade to
+        assert out["stock"]["ok"] is True and out["stock"]["buffers"]["hidden_states"]["shape"] == [9, 2304]
+        assert out["identical_to_stock"] is True and out["fixed_in_vllm"] is None
+        assert out["stock_workaround"] is None and out["vllm_version"] == "0.34.0"
+    else:
+        assert out["capture_sizes"] == [1, 2, 4, 8, 16]
+        assert out["stock"]["ok"] is False and STOCK_CRASH in out["stock"]["error"]
+        assert out["stock"]["allocated_by"] == "PIECEWISE num_tokens=8"
+        assert out["stock"]["failed_at"].startswith("FULL num_tokens=9")
+        assert out["identical_to_stock"] is None  # stock has nothing to compare against
+        assert out["vllm_version"] == "0.33.0" and out["fixed_in_vllm"] == "0.34.0"
     assert out["plugin"] | {"captured": None} == out["plugin"] | {
         "ok": True, "error": None, "order": "descending", "failed_at": None, "captured": None,
     }  # fmt: skip
     assert out["plugin"]["buffers"]["hidden_states"]["shape"] == [9, 2304]
     assert out["staging_bytes"] == 9 * 2304 * 2  # bfloat16
-    assert out["vllm_version"] == "0.33.0" and out["platform"]["emulated"] is True
-    assert out["identical_to_stock"] is None  # stock has nothing to compare against
+    assert out["platform"]["emulated"] is True
     advice = out["serve"].pop("advice")
     assert out["serve"] == {
         "applies": True,
         "checked": True,
-        "ok": False,
+        "ok": False,  # stock vLLM's answer
+        "plugin_ok": True,  # the plugin keeps one state slot per speculative token
+        "fault_at_boot": SIZES_STAGING,  # 0.34.0's warm-up runs the step: stock dies at boot
         "error": None,
         "fix": {  # the arguments without --use-replayssm, checked again from the start
             "serve_arguments": [model, *(w for w in [*NO_WEIGHTS, *KIMI_CRASH] if w != "--use-replayssm")],
@@ -78,16 +88,46 @@ def test_kimi_linear_crashes_stock_in_vllms_own_order_and_boots_patched(tmp_path
         "kda_layers": 3,
         "extra_bytes_per_request_without_replayssm": 2 * 3 * (12288 * 5 * 2 + 32 * 128 * 128 * 4),
     }  # fmt: skip  conv (3 x 32 x 128, 3 + 2) bf16 and recurrent (32, 128, 128) float32 per slot and layer
-    assert advice[0].startswith("WARNING serving: vLLM's shared KDA layer") and len(advice) == 4
-    assert advice[2].startswith("  fix   drop --use-replayssm") and "patch kda --apply" in advice[2]
+    assert advice[0].startswith("serving: stock vLLM's shared KDA layer") and len(advice) == 5
+    assert advice[2].startswith("  with the plugin: fixed, it serves (the layer keeps one state slot per")
     assert (
-        advice[3].strip()
+        advice[3].startswith("  without the plugin: drop --use-replayssm")
+        and "patch kda --apply" in advice[3]
+    )
+    assert (
+        advice[4].strip()
         == "(without --use-replayssm: checked again, it serves and stock vLLM and the plugin boot it)"
     )
     assert out["answered"] is True and out["unanswered"] == []
+    if SIZES_STAGING:
+        return
     fix = out["stock_workaround"]  # the grid gets stock vLLM through the capture, not through serving
     assert fix["verified"] is True and "--use-replayssm" in fix["serve_arguments"]
     assert (fix["fixes"], fix["serves"]) == ("boot only: the serving fault stays (see serve)", False)
+
+
+@pytest.mark.usefixtures("offline")
+def test_with_the_kda_fix_turned_off_it_will_not_serve(
+    tmp_path: Path, capsys: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Exit 4 stays for a plugin that does not apply the KDA fix (STAGING_PLUGIN_KDA_FIX=off); a value
+    outside on/off is a bad argument naming the variable."""
+    model = model_folder(tmp_path / "kimi", KIMI_LINEAR_4_LAYERS)
+    monkeypatch.setenv("STAGING_PLUGIN_KDA_FIX", "off")
+    code, out = check_json(capsys, model, *NO_WEIGHTS, *KIMI_CRASH)
+    assert code == preflight.EXIT_WILL_NOT_SERVE == 4
+    assert (out["serve"]["ok"], out["serve"]["plugin_ok"]) == (False, False)
+    advice = out["serve"]["advice"]
+    assert advice[0].startswith("WARNING serving: stock vLLM's shared KDA layer")
+    assert (
+        advice[2]
+        == "  with the plugin: NOT fixed (its KDA state-slot fix is off: STAGING_PLUGIN_KDA_FIX=off)"
+    )
+    monkeypatch.setenv("STAGING_PLUGIN_KDA_FIX", "maybe")
+    assert main(["check", "--", model, *NO_WEIGHTS, *KIMI_CRASH]) == preflight.EXIT_BAD_ARGUMENTS
+    err = capsys.readouterr().err
+    assert_says(err, "vllm-staging-plugin check: bad arguments: STAGING_PLUGIN_KDA_FIX='maybe'",
+                "allowed values: on, off")  # fmt: skip
 
 
 @pytest.mark.usefixtures("offline", "kda_fixed_vllm")
@@ -108,7 +148,7 @@ def test_a_serving_check_that_cannot_be_made_is_said_not_fatal(
 ) -> None:
     from vllm_staging_plugin._offline import seams
 
-    def changed(vllm_config: Any) -> None:
+    def changed(vllm_config: Any, *args: Any, **kwargs: Any) -> None:
         raise seams.SeamChanged("KimiDecoderLayer built no Mamba layer for KDA layer 0\nmore")
 
     monkeypatch.setattr(seams, "kda_mixed_step", changed)
@@ -116,16 +156,18 @@ def test_a_serving_check_that_cannot_be_made_is_said_not_fatal(
     code, out = check_json(capsys, model, *NO_WEIGHTS, *KIMI_CRASH)
     assert code == preflight.EXIT_NOT_ANSWERED == 5  # it boots with the plugin; whether it serves is open
     said = "SeamChanged: KimiDecoderLayer built no Mamba layer for KDA layer 0"  # the first line only
-    assert out["serve"] == {"applies": None, "checked": False, "ok": None, "error": said, "fix": None,
-                            "advice": [f"serving: NOT CHECKED here ({said})"]}  # fmt: skip
+    assert out["serve"] == {"applies": None, "checked": False, "ok": None, "plugin_ok": None, "error": said,
+                            "fix": None, "advice": [f"serving: NOT CHECKED here ({said})"]}  # fmt: skip
     assert out["answered"] is False and out["unanswered"] == [
         f"serving (vLLM's shared KDA layer on a step mixing a speculative decode with a prefill): {said}"
     ]
-    assert (out["stock_workaround"]["fixes"], out["stock_workaround"]["serves"]) == ("boot", None)
+    if not SIZES_STAGING:  # 0.34.0: stock boots the staging, no workaround to qualify
+        assert (out["stock_workaround"]["fixes"], out["stock_workaround"]["serves"]) == ("boot", None)
     assert main(["check", "--", model, *NO_WEIGHTS, *KIMI_CRASH]) == preflight.EXIT_NOT_ANSWERED
     text = capsys.readouterr().out
     assert f"serving: NOT CHECKED here ({said})" in text
-    assert "  whether it then serves was not checked here (see serving above)" in text
+    if not SIZES_STAGING:
+        assert "  whether it then serves was not checked here (see serving above)" in text
     assert text.rstrip().endswith(
         "NOT ANSWERED here (the report above is incomplete):\n  serving (vLLM's shared KDA layer on a step "
         f"mixing a speculative decode with a prefill): {said}"
@@ -313,7 +355,7 @@ def test_a_vllm_without_the_serve_parser_is_named_in_one_line(
     assert main(["check", "--", model_folder(tmp_path / "qwen3", QWEN3_0_6B)]) == 3
     (line,) = capsys.readouterr().err.strip().splitlines()
     assert_says(line, "vllm-staging-plugin check: cannot check on this machine",
-                "vllm.entrypoints.common.cli_args", "0.18.0-0.33.0")  # fmt: skip
+                "vllm.entrypoints.common.cli_args", "the plugin itself runs on 0.18.0 and later")  # fmt: skip
 
 
 def test_a_bad_order_variable_is_named_as_the_variable(monkeypatch: pytest.MonkeyPatch, capsys: Any) -> None:

@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 from configs import K3, NO_WEIGHTS, QWEN3_0_6B, model_folder
+from release import SIZES_STAGING
 
 pytest.importorskip("vllm.v1.worker.gpu.cudagraph_utils")
 
@@ -33,6 +34,10 @@ K3_WIDTHS = [  # 8 speculative tokens (decode_query_len 9), 48 sequences, a powe
     "--speculative-config", '{"method": "ngram", "num_speculative_tokens": 8, "prompt_lookup_max": 2}',
     "--use-replayssm", "--max-num-seqs", "48", "-cc", json.dumps({"cudagraph_capture_sizes": POWERS_TO_512}),
 ]  # fmt: skip
+
+# The workaround exists where stock vLLM crashes at the staging copy: vLLM 0.18.0-0.33.0. On a vLLM that sizes
+# its staging itself (0.34.0) there is none to find (tests/test_preflight.py pins that it is absent).
+lazy_staging = pytest.mark.skipif(SIZES_STAGING, reason="this vLLM sizes its staging buffers itself")
 
 
 def check_json(capsys: Any, *words: str) -> tuple[int, dict[str, Any]]:
@@ -108,6 +113,7 @@ def crashing(draw: st.DrawFn) -> ReplayConfig:
     return cfg
 
 
+@lazy_staging
 @settings(max_examples=60, deadline=None, derandomize=True, database=None,
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])  # fmt: skip
 @given(cfg=crashing())
@@ -144,6 +150,7 @@ def test_for_every_stock_crash_the_grid_found_boots_stock(cfg: ReplayConfig) -> 
 # ------------------------------------------------------------- end to end through vLLM 0.33.0's parser
 
 
+@lazy_staging
 @pytest.mark.usefixtures("offline")
 def test_kimi_k3_at_tp8_gets_a_verified_workaround_that_boots_stock_when_passed_back(
     tmp_path: Path, capsys: Any
@@ -176,6 +183,7 @@ def test_kimi_k3_at_tp8_gets_a_verified_workaround_that_boots_stock_when_passed_
     assert again["sequence"]["PIECEWISE"][0] == 261 and again["identical_to_stock"] is True
 
 
+@lazy_staging
 @pytest.mark.usefixtures("offline")
 def test_the_text_report_prints_the_ready_argument(tmp_path: Path, capsys: Any) -> None:
     model = model_folder(tmp_path / "kimi-k3", K3)

@@ -41,8 +41,8 @@ def render_main_job(job: MainJob) -> str:
         return "\n".join([*lines, f"would patch: no ({job.refusal}){left}"])
     lines.append(f"would patch: yes ({job.manager}; platform '{job.platform}')")
     if job.vllm_presizes:
-        lines.append("this vLLM already pre-sizes its staging buffers to the largest capture descriptor: the "
-                     "plugin leaves them to vLLM and keeps only the order knob")  # fmt: skip
+        lines.append("this vLLM sizes its staging buffers to the largest capture descriptor itself: the "
+                     "plugin leaves them to vLLM (order knob, receipts and KDA fix kept)")  # fmt: skip
     r = job.replays
     assert r is not None
     cfg, manager = r.cfg, job.manager.rpartition(".")[2]
