@@ -39,14 +39,24 @@ upstream main; :func:`.compat.profiling_pass`: an unrecognized mark keeps vLLM's
 recorded it); ``vllm_config`` (checked after ``__init__``; under a non-default order :mod:`.agreement`
 reads its parallel layout, receipts its model); ``pool`` and ``is_last_pp_rank`` (receipts only, read with
 defaults; a receipt that fails never fails the capture).
+``vllm.model_executor.layers.mamba.gdn.kimi_gdn_linear_attn.KimiGatedDeltaNetAttention.get_kv_cache_spec``
+(wrapped, :mod:`.kda_slots`; the method the class inherits, or its own where vLLM defines one)
+    Why: under ``--use-replayssm`` Mamba layers get no speculative state slots, but this shared KDA layer's
+    metadata (the generic GDN builder) hands its kernel one index word per query token: a step mixing a
+    speculative decode with a prefill stores out of bounds (illegal memory access; at boot on 0.34.0).
+    How: where its spec gives fewer speculative blocks than speculative tokens under ``--use-replayssm``,
+    return it with ``num_speculative_blocks = num_speculative_tokens`` (one INFO line with the KV-cache
+    cost); otherwise vLLM's spec unchanged. ``STAGING_PLUGIN_KDA_FIX=off`` leaves it out.
+    Upstream PR: none yet; the same change as a patch to vLLM ships as ``patches/kda-spec-state-slots.patch``.
+    Removal: when vLLM keeps those slots itself (the wrapper then stands down by behaviour, one INFO line).
 ``vllm.v1.worker.gpu_model_runner.GPUModelRunner.__init__`` (wrapped, :mod:`.runner_guard`)
     Why: on the V1 runner there is no manager and the plugin would be silently inactive.
     How: one warning (strict: an error); unwrapped as soon as a V2 manager is built.
     Upstream PR: none (a plugin's own diagnosis). Removal: when vLLM drops the V1 runner.
-``sys.meta_path`` (two post-import hooks, :mod:`.import_hook`)
+``sys.meta_path`` (three post-import hooks, :mod:`.import_hook`)
     Why: ``register()`` must not import torch or vLLM. How: each hook waits for one module; the patch's
-    removes itself when it fires, the V1 runner's when a manager is built (and the patch's when a V1
-    runner is). Upstream PR: none. Removal: with the patch.
+    and the KDA fix's remove themselves when they fire, the V1 runner's and the KDA fix's when a manager
+    is built (and the patch's when a V1 runner is). Upstream PR: none. Removal: with the patch.
 ``VLLM_RAY_EXTRA_ENV_VAR_PREFIXES_TO_COPY`` (environment, only when a ``STAGING_PLUGIN_*`` is set)
     Why: vLLM's legacy Ray executor and DP Ray backend copy only listed prefixes to Ray actors.
     How: ``STAGING_PLUGIN_`` appended, keeping what the operator listed. Upstream PR: none (vLLM's
