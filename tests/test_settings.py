@@ -165,3 +165,18 @@ def test_the_environment_is_read_once_at_register(monkeypatch: pytest.MonkeyPatc
     vllm_staging_plugin.unregister()
     vllm_staging_plugin.register()
     assert installed().settings == Settings(order="max-first", strict=True)
+
+
+@pytest.mark.parametrize(
+    ("raw", "value"), [("", "on"), ("on", "on"), (" OFF ", "off"), ("0", "off"), ("true", "on")]
+)
+def test_the_kda_fix_switch(raw: str, value: str) -> None:
+    assert read_settings({"STAGING_PLUGIN_KDA_FIX": raw}).kda_fix == value
+
+
+def test_a_bad_kda_fix_value_names_the_variable_and_the_values() -> None:
+    with pytest.raises(ConfigError) as caught:
+        read_settings({"STAGING_PLUGIN_KDA_FIX": "maybe"})
+    assert str(caught.value) == (
+        "STAGING_PLUGIN_KDA_FIX='maybe'; allowed values: on, off (1/true = on, 0/false = off)"
+    )

@@ -69,18 +69,23 @@ def parse_bool(name: str, environ: Mapping[str, str]) -> bool:
     raise ConfigError(f"{name}={raw!r} is not a boolean; allowed values: {allowed} (or unset)")
 
 
+def parse_switch(name: str, values: tuple[str, ...], environ: Mapping[str, str]) -> str:
+    """One of ``values`` (the first when unset; ``1``/``true`` = on, ``0``/``false`` = off), else
+    :class:`ConfigError` naming the variable and the allowed values."""
+    raw = environ.get(name, "")
+    value = raw.strip().lower() or values[0]
+    value = {"1": "on", "true": "on", "0": "off", "false": "off"}.get(value, value)
+    if value not in values:
+        raise ConfigError(f"{name}={raw!r}; allowed values: {', '.join(values)} (1/true = on, 0/false = off)")
+    return value
+
+
 def read_settings(environ: Mapping[str, str] | None = None) -> Settings:
     """Parse the plugin's variables; raises :class:`ConfigError` on the first bad value."""
     env = os.environ if environ is None else environ
     order = env.get(ENV_ORDER, "").strip() or DEFAULT_ORDER
     receipts = env.get(ENV_RECEIPTS_DIR, "").strip()
-    presize = env.get(ENV_PRESIZE, "").strip().lower() or "on"
-    presize = {"1": "on", "true": "on", "0": "off", "false": "off"}.get(presize, presize)
-    if presize not in PRESIZE_VALUES:
-        raise ConfigError(
-            f"{ENV_PRESIZE}={env[ENV_PRESIZE]!r}; allowed values: {', '.join(PRESIZE_VALUES)} "
-            "(1/true = on, 0/false = off)"
-        )
+    presize = parse_switch(ENV_PRESIZE, PRESIZE_VALUES, env)
     if presize == "off" and order != DEFAULT_ORDER:
         raise ConfigError(
             f"{ENV_ORDER}={order!r} needs pre-sizing ({ENV_PRESIZE}=on): with vLLM's lazy staging "
@@ -88,15 +93,8 @@ def read_settings(environ: Mapping[str, str] | None = None) -> Settings:
             f"copy. Allowed: {ENV_PRESIZE}=on, or {ENV_PRESIZE}=off-allow-crash to reproduce the "
             f"crash on purpose, or {ENV_ORDER}={DEFAULT_ORDER}"
         )
-    kda_fix = env.get(ENV_KDA_FIX, "").strip().lower() or "on"
-    kda_fix = {"1": "on", "true": "on", "0": "off", "false": "off"}.get(kda_fix, kda_fix)
-    if kda_fix not in KDA_FIX_VALUES:
-        raise ConfigError(
-            f"{ENV_KDA_FIX}={env[ENV_KDA_FIX]!r}; allowed values: {', '.join(KDA_FIX_VALUES)} "
-            "(1/true = on, 0/false = off)"
-        )
     return Settings(
-        kda_fix=kda_fix,
+        kda_fix=parse_switch(ENV_KDA_FIX, KDA_FIX_VALUES, env),
         disabled=parse_bool(ENV_DISABLE, env),
         strict=parse_bool(ENV_STRICT, env),
         order=order,

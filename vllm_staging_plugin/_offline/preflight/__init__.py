@@ -19,7 +19,7 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 from ... import __version__
-from ..._engine.settings import ENV_KDA_FIX, ENV_ORDER, KDA_FIX_VALUES, Settings
+from ..._engine.settings import ENV_KDA_FIX, ENV_ORDER, KDA_FIX_VALUES, ConfigError, Settings, parse_switch
 from .. import internal, scoped, seams
 from ..text import first_line
 from . import workaround
@@ -276,18 +276,13 @@ def main(
     """Run the pre-flight and print it; the exit code says whether the plugin boots the configuration."""
     order_from = "--order" if order else ENV_ORDER
     order = order or os.environ.get(ENV_ORDER, "").strip() or "descending"
-    raw = os.environ.get(ENV_KDA_FIX, "")
-    kda_fix = {"1": "on", "true": "on", "0": "off", "false": "off"}.get(
-        raw.strip().lower(), raw.strip().lower()
-    )
-    if (kda_fix or "on") not in KDA_FIX_VALUES:
-        message = (
-            f"{ENV_KDA_FIX}={raw!r}; allowed values: {', '.join(KDA_FIX_VALUES)} (1/true = on, 0/false = off)"
-        )
-        return _fail(EXIT_BAD_ARGUMENTS, "bad arguments", message, as_json)
+    try:
+        kda_fix = parse_switch(ENV_KDA_FIX, KDA_FIX_VALUES, os.environ)
+    except ConfigError as exc:
+        return _fail(EXIT_BAD_ARGUMENTS, "bad arguments", str(exc), as_json)
     try:
         with _logs_to_stderr():
-            result = run(serve_argv, order, GPUS[gpu_name], order_from, gpus, kda_fix or "on")
+            result = run(serve_argv, order, GPUS[gpu_name], order_from, gpus, kda_fix)
     except BadArguments as exc:
         return _fail(EXIT_BAD_ARGUMENTS, "bad arguments", str(exc), as_json)
     except CannotCheckHere as exc:
