@@ -181,3 +181,49 @@ def test_register_installs_it_when_vllm_imports_the_layer_and_the_variable_turns
     vllm_staging_plugin.register()
     assert installed().kda.settings.kda_fix == "off"
     assert kda_slots.KDA_MODULE not in installed()._hooks
+
+
+@pytest.mark.parametrize(
+    "cfg",
+    [
+        types.SimpleNamespace(),
+        types.SimpleNamespace(
+            cache_config=types.SimpleNamespace(), speculative_config=config().speculative_config
+        ),
+        types.SimpleNamespace(cache_config=types.SimpleNamespace(use_replayssm=True)),
+    ],
+    ids=["no cache config", "no use_replayssm", "no speculative config"],
+)
+def test_a_config_without_the_fields_leaves_the_spec_alone(cfg: Any, plugin_log: Any) -> None:
+    assert KdaSlotsPatch(Settings()).keep_slots("L", cfg, Spec()) == Spec()
+    assert plugin_log.at(20) == [] and plugin_log.warnings == []
+
+
+def test_one_speculative_token_keeps_one_slot() -> None:
+    assert (
+        KdaSlotsPatch(Settings()).keep_slots("L", config(tokens=1), Spec(), quiet=True).num_speculative_blocks
+        == 1
+    )
+
+
+def test_a_dataclass_spec_without_the_field_is_refused(plugin_log: Any) -> None:
+    @dataclasses.dataclass(frozen=True)
+    class Other:
+        page_size_bytes: int = 1
+
+    assert KdaSlotsPatch(Settings()).keep_slots("L", config(), Other()) == Other()
+    (line,) = plugin_log.warnings
+    assert line == (
+        "vllm-staging-plugin: the KDA state-slot fix is inactive, vLLM's shared KDA layer runs as it is (a "
+        "Kimi-Linear model with --use-replayssm and speculative decoding can fault on a step that mixes a "
+        "speculative decode with a prefill): L.get_kv_cache_spec returned Other without "
+        "num_speculative_blocks. "
+        "Set STAGING_PLUGIN_STRICT=1 to fail instead."
+    )
+
+
+def test_slot_counts_are_whole_numbers() -> None:
+    cost = kda_slots.slot_cost(
+        config(), Spec(page_size_bytes=64), Spec(page_size_bytes=64, num_speculative_blocks=3)
+    )
+    assert all(type(v) is int for v in dataclasses.astuple(cost))
