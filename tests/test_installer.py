@@ -6,6 +6,7 @@ import functools
 import gc
 import os
 import sys
+import types
 from typing import Any
 
 import pytest
@@ -23,6 +24,7 @@ from stable import assert_says
 
 import vllm_staging_plugin
 from vllm_staging_plugin._engine import compat
+from vllm_staging_plugin._engine import installer as installer_module
 from vllm_staging_plugin._engine.import_hook import PostImportHook
 from vllm_staging_plugin._engine.installer import RAY_PREFIXES_VARIABLE, Installer
 from vllm_staging_plugin._engine.runner_guard import V1_RUNNER_MODULE, RunnerGuard
@@ -31,6 +33,37 @@ from vllm_staging_plugin._engine.settings import Settings
 
 def plugin_hooks() -> list[str]:
     return [f.fullname for f in sys.meta_path if isinstance(f, PostImportHook)]
+
+
+@pytest.fixture(autouse=True)
+def kda_module_loaded(monkeypatch: pytest.MonkeyPatch) -> str:
+    """The shared KDA layer's module counts as imported (a stand-in with the layer class), whatever this
+    worker imported before, so its hook fires at once and the other tests see only their two hooks; the
+    tests of that hook take the stand-in away."""
+    name = "no_such_pkg.kimi_gdn_linear_attn"
+    module = types.ModuleType(name)
+    module.KimiGatedDeltaNetAttention = type(  # type: ignore[attr-defined]
+        "KimiGatedDeltaNetAttention", (), {"get_kv_cache_spec": lambda self, vllm_config: None}
+    )
+    monkeypatch.setattr(installer_module, "KDA_MODULE", name)
+    monkeypatch.setitem(sys.modules, name, module)
+    return name
+
+
+def test_the_kda_hook_waits_and_goes_when_a_manager_is_built(
+    kda_module_loaded: str, pending_modules: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The model (and its shared KDA layer, if any) is loaded before the first manager: a hook still
+    waiting then never fires, and goes with the V1 runner's."""
+    monkeypatch.delitem(sys.modules, kda_module_loaded)
+    monkeypatch.setattr(compat, "platform_name", lambda: "cuda")
+    vllm_staging_plugin.register()
+    assert sorted(plugin_hooks()) == sorted([compat.CUDAGRAPH_MODULE, V1_RUNNER_MODULE, kda_module_loaded])
+    module = make_module(fresh_class())
+    next(f for f in sys.meta_path if getattr(f, "fullname", None) == compat.CUDAGRAPH_MODULE).fire(module)
+    assert sorted(plugin_hooks()) == sorted([V1_RUNNER_MODULE, kda_module_loaded])  # still waiting
+    build(module.ModelCudaGraphManager)
+    assert plugin_hooks() == []
 
 
 @pytest.fixture

@@ -609,3 +609,45 @@ def test_a_manager_in_mains_shape_is_presized_and_its_arguments_pass_through(
     profiling._sample_full_descs = True  # what profile_cudagraph_memory sets on the manager it profiles
     assert profiling.capture(*args) == [8, 4, 2, 1, 10, 2]  # vLLM's order, whatever STAGING_PLUGIN_ORDER says
     assert plugin_log.warnings == []
+
+
+def _init_034(
+    self: Any, vllm_config: Any, device: Any, cudagraph_mode: Any, decode_query_lens: Any, **kwargs: Any
+) -> None:
+    FakeManager.__init__(self, vllm_config, device, cudagraph_mode, 1, **kwargs)
+
+
+def _capture_034(self: Any, hidden: int = 8, aux: int = 0) -> list[int]:
+    """vLLM 0.34.0's staging: the buffer sized by the largest descriptor before the first store."""
+    self.hidden_states = torch.empty(
+        max(d.num_tokens for ds in self._capture_descs.values() for d in ds), hidden
+    )
+    return FakeManager.capture(self, hidden, aux)  # type: ignore[no-any-return]
+
+
+@pytest.mark.parametrize("order", ["descending", "ascending"])
+def test_a_manager_in_0340s_shape_is_left_to_vllm_with_one_true_line(
+    order: str, monkeypatch: pytest.MonkeyPatch, plugin_log: Any, mocker: Any
+) -> None:
+    """vLLM 0.34.0's constructor (``decode_query_lens``) is the shape whose capture sizes the staging
+    itself: no capacity, no capture view, one INFO line saying so (later managers at DEBUG); the order knob
+    still reorders."""
+    module = install_fake_module(monkeypatch)
+    cls = module.ModelCudaGraphManager = fresh_class(__init__=_init_034, capture=_capture_034)
+    monkeypatch.setenv("STAGING_PLUGIN_ORDER", order)
+    vllm_staging_plugin.register()
+    assert is_patched(cls) and installed().patch.vllm_presizes
+    view = mocker.spy(staging, "capture_view")
+    first, second = build(cls), build(cls)
+    assert staging.state_of(first).capacity is None and staging.state_of(first).vllm_sizes
+    seen = first.capture()
+    assert seen == ([8, 4, 2, 1, 2, 1] if order == "descending" else [1, 2, 4, 8, 1, 2])
+    assert view.call_count == 0 and type(first) is cls
+    (line,) = [m for m in plugin_log.at(20) if "staging buffers" in m]
+    assert line == (
+        "vllm-staging-plugin: vLLM sizes ModelCudaGraphManager's staging buffers (hidden_states, "
+        "aux_hidden_states, intermediate_tensors) to the largest of its 6 capture descriptors (8 rows) "
+        f"itself; the plugin leaves them to vLLM; capture order: {order}"
+    )
+    assert sum("staging buffers" in m for m in plugin_log.at(10)) == 1  # the second manager
+    assert staging.state_of(second).capacity is None
