@@ -12,7 +12,7 @@ import pytest
 from stable import assert_says
 
 import vllm_staging_plugin
-from vllm_staging_plugin._engine import kda_slots
+from vllm_staging_plugin._engine import compat, kda_slots
 from vllm_staging_plugin._engine.kda_slots import KdaShapeError, KdaSlotsPatch
 from vllm_staging_plugin._engine.settings import Settings
 from vllm_staging_plugin._engine.wrapping import is_plugin_wrapper
@@ -44,6 +44,26 @@ def config(replay: bool = True, tokens: int | None = 8) -> Any:
     return types.SimpleNamespace(
         cache_config=types.SimpleNamespace(use_replayssm=replay), speculative_config=spec
     )
+
+
+@pytest.fixture(autouse=True)
+def supported_platform(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(compat, "platform_name", lambda: "cuda")
+
+
+def test_an_out_of_tree_platform_leaves_the_layer_alone_with_one_warning(
+    monkeypatch: pytest.MonkeyPatch, plugin_log: Any
+) -> None:
+    monkeypatch.setattr(compat, "platform_name", lambda: "npu")
+    patch = KdaSlotsPatch(Settings())
+    patch.install(types.SimpleNamespace(__name__="vllm.kda", KimiGatedDeltaNetAttention=layer_class()))
+    assert patch.wrap is None
+    (line,) = plugin_log.warnings
+    assert "the KDA state-slot fix is inactive" in line and "IncompatibleVllm: platform 'npu'" in line
+    with pytest.raises(KdaShapeError, match="platform 'npu'"):
+        KdaSlotsPatch(Settings(strict=True)).install(
+            types.SimpleNamespace(__name__="vllm.kda", KimiGatedDeltaNetAttention=layer_class())
+        )
 
 
 def patched(strict: bool = False) -> tuple[KdaSlotsPatch, type]:

@@ -22,6 +22,7 @@ import logging
 from types import ModuleType
 from typing import Any, cast
 
+from . import compat
 from .settings import ENV_KDA_FIX, ENV_STRICT, Settings
 from .wrapping import ClassWrap, plugin_wrapper
 
@@ -63,6 +64,7 @@ class KdaSlotsPatch:
             self.refuse(f"{module.__name__}.{KDA_CLASS}.{SPEC_METHOD} is missing")
             return
         try:
+            compat.check_platform()  # out-of-tree platforms run their own kernels for this layer
             self.patch(cls)
         except Exception as exc:  # never break the import of vLLM's module
             self.refuse(f"{type(exc).__name__}: {exc}")
