@@ -17,7 +17,8 @@ model, arm/order); ``--concurrent K`` runs up to K at once, one per GPU (``--per
   python benchmarks/order_study.py validate --out DIR           # CPU: configs through vLLM's own classes
   python benchmarks/order_study.py run --out DIR [--models kimi-linear-4l] [--plan vanilla@descending,...]
         [--tp 2] [--pp 2] [--serve-plan plugin@ascending] [--concurrent 2] [--fill-to 3] [--dry-run]
-  python benchmarks/order_study.py summarize DIR [--faults]  # boots table (markdown) + token check
+  python benchmarks/order_study.py summarize DIR [--faults] [--plot PNG]  # boots table (markdown), token
+        check, and where the plugin's boots wrote receipts the order table (and its picture)
   vllm-staging-plugin report DIR/receipts               # per-capture receipts (the plugin's arms)
 """
 
@@ -88,6 +89,7 @@ def main() -> int:
     s = sub.add_parser("summarize")
     s.add_argument("directory")
     s.add_argument("--faults", action="store_true", help="also the after-capture table (faults, JIT)")
+    s.add_argument("--plot", metavar="PNG", help="the order study's picture (graph memory per order, model)")
     args = parser.parse_args()
     commands = {"run": run, "boot": boot, "validate": validate, "summarize": summarize}
     return commands[args.command](args)

@@ -77,7 +77,8 @@ def test_main_job_refuses_a_bad_order_or_mode_in_one_line(capsys: Any) -> None:
     assert_says(
         err[0],
         "vllm-staging-plugin check: --order 'zigzag': unknown order policy 'zigzag'",
-        end="allowed values: descending, ascending, max-first, shuffle:SEED",
+        end="allowed values: descending, ascending, max-first, shuffle:SEED, "
+        "full-first, size-descending, interleaved",
     )
     assert main(["--mode", "SIDEWAYS"]) == 2
     err = capsys.readouterr().err.strip().splitlines()

@@ -28,7 +28,10 @@ from vllm_staging_plugin._offline.cpu_replay import ReplayConfig
 pytestmark = pytest.mark.contract
 PLUGIN_DIR = str(Path(vllm_staging_plugin.__file__).parent)
 SMALL = ReplayConfig(sizes=(1, 2, 4, 8, 16, 24, 32), max_num_seqs=32, hidden_size=64)
-BUILTIN_ORDERS = ["descending", "ascending", "max-first", "shuffle:1"]
+BUILTIN_ORDERS = [
+    "descending", "ascending", "max-first", "shuffle:1", "full-first", "size-descending", "interleaved"
+]  # fmt: skip
+LARGEST_FIRST = ("descending", "max-first", "full-first", "size-descending", "interleaved")  # 32 first here
 assert {o.partition(":")[0] for o in BUILTIN_ORDERS} == set(BuiltinPolicies.NAMES)
 
 
@@ -104,7 +107,7 @@ def test_allocation_failure_under_every_builtin_order(
         assert result.error is not None and result.error.startswith("StagingError: vllm-staging-plugin: ")
         assert "allocating hidden_states with 32 rows failed (OutOfMemoryError" in result.error
         assert f"STAGING_PLUGIN_ORDER={order} captures a {first}-row descriptor first" in result.error
-    assert (order in ("descending", "max-first")) == (first == 32)
+    assert (order in LARGEST_FIRST) == (first == 32)
 
 
 @pytest.mark.parametrize("step", ["_environment", "_finish", "json", "write_receipt"])

@@ -136,3 +136,25 @@ def test_the_replay_visits_what_vllms_loop_visits(name: str, profiling: bool) ->
     assert modes == sorted(modes, key=("PIECEWISE", "FULL").index)  # PIECEWISE first, then FULL
     if profiling:
         assert modes.count("FULL") == min(2, len(manager._capture_descs.get(cu.CUDAGraphMode.FULL, [])))
+
+
+@pytest.mark.parametrize("order", ["full-first", "size-descending", "interleaved"])
+def test_vllms_loop_captures_a_mixed_list_in_order_each_graph_in_its_own_mode(order: str) -> None:
+    """An order across the modes hands vLLM's loop one list under one key: its loop visits that list in
+    order and takes each descriptor's mode from the descriptor (FULL ones become graphs of their own)."""
+    from vllm_staging_plugin._engine.policies import PolicyRegistry
+    from vllm_staging_plugin._engine.settings import Settings
+
+    cfg = CONFIGS["default grid"]
+    with cpu_replay.cpu_stubs(cfg), cpu_replay.stock_or_patched(False):
+        manager = cpu_replay.build_manager(cfg)
+        mixed = PolicyRegistry([]).reordered(Settings(order=order), manager._capture_descs)
+        (descs,) = mixed.values()
+        manager._capture_descs = mixed
+        replayed = _visits(manager, cu.CudaGraphManager.capture)
+        with cuda_edges(manager):
+            vllms = _visits(manager, VLLM_LOOP)
+    assert vllms == replayed == [(d.cg_mode.name, d.num_tokens, id(d)) for d in descs]
+    assert {m for m, _, _ in vllms} == {"PIECEWISE", "FULL"}
+    full = [d for d in descs if d.cg_mode.name == "FULL"]
+    assert list(manager.graphs) == full  # vLLM recorded a FULL graph for each FULL descriptor, in order

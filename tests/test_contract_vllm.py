@@ -246,6 +246,37 @@ def test_order_policy_reorders_the_real_capture(monkeypatch: pytest.MonkeyPatch)
     assert own["PIECEWISE"][:2] == [512, 496]  # vLLM's own lists are restored afterwards
 
 
+ACROSS_MODES = {  # the capture each order across the modes runs on the real descriptor lists
+    "full-first": lambda p, f: [*f, *p],
+    "size-descending": lambda p, f: sorted([*p, *f], key=lambda step: -step[1]),
+    "interleaved": lambda p, f: (
+        [s for pair in zip(p, f, strict=False) for s in pair] + p[len(f) :] + f[len(p) :]
+    ),
+}
+
+
+@pytest.mark.parametrize("order", list(ACROSS_MODES))
+def test_an_order_across_the_modes_captures_each_graph_in_its_own_mode(
+    order: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Any
+) -> None:
+    """One list under one key reaches vLLM's loop (tests/test_contract_replay_loop.py pins that vLLM's own
+    loop captures each descriptor in its own mode from it); the receipt names each step's mode."""
+    monkeypatch.setenv("STAGING_PLUGIN_ORDER", order)
+    monkeypatch.setenv("STAGING_PLUGIN_RECEIPTS_DIR", str(tmp_path))
+    result, manager = _drive_manager(QWEN3_8B)
+    own = seams.capture_plan(manager)  # vLLM's own lists, given back after the capture
+    steps = {m.name: [(m.name, d.num_tokens) for d in descs] for m, descs in own.items()}
+    expected = ACROSS_MODES[order](steps["PIECEWISE"], steps["FULL"])
+    assert result.ok and rows(result) == {"hidden_states": 512}
+    assert result.forwards[::2] == [tokens for _, tokens in expected]
+    assert all(len(lst) > 1 and lst == sorted(lst, key=lambda d: -d.num_tokens) for lst in own.values())
+    (receipt,) = [json.loads(p.read_text()) for p in tmp_path.glob("receipt-capture-*.json")]
+    assert receipt["policy"] == order and receipt["captured_modes"] == [mode for mode, _ in expected]
+    (key,) = receipt["captured_sequence"]
+    assert key == "+".join(dict.fromkeys(mode for mode, _ in expected))  # its modes, first seen first
+    assert receipt["captured_sequence"][key] == [tokens for _, tokens in expected]
+
+
 @needs(HAS_PROFILING_HOOK, "CUDA-graph memory profiling pass")
 def test_profiling_pass_keeps_vllms_order(monkeypatch: pytest.MonkeyPatch, tmp_path: Any) -> None:
     monkeypatch.setenv("STAGING_PLUGIN_ORDER", "ascending")
@@ -316,6 +347,8 @@ def test_builtin_policies_on_the_real_descriptor_lists() -> None:
         assert ordered("descending") == tokens == sorted(tokens, reverse=True)  # vLLM's own, untouched
         assert ordered("ascending") == sorted(tokens)
         assert ordered("max-first") == [max(tokens), *sorted(tokens)[:-1]]
+        for across in ACROSS_MODES:  # within one mode, an order across the modes keeps vLLM's
+            assert ordered(across) == tokens
         assert ordered("shuffle:1") == ordered("shuffle:1") != tokens and sorted(
             ordered("shuffle:1")
         ) == sorted(tokens)

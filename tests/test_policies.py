@@ -17,7 +17,7 @@ from vllm_staging_plugin._engine.policies import PolicyError, PolicyRegistry
 from vllm_staging_plugin._engine.settings import ConfigError, Settings
 from vllm_staging_plugin.hookspecs import hookimpl
 
-ALLOWED = "descending, ascending, max-first, shuffle:SEED"
+ALLOWED = "descending, ascending, max-first, shuffle:SEED, full-first, size-descending, interleaved"
 
 
 def tokens(registry: PolicyRegistry, order: str, given: list[Desc]) -> list[int]:
@@ -60,6 +60,99 @@ def test_a_bad_order_names_the_variable_the_policy_and_the_allowed_values(order:
         assert str(info.value).endswith(f"allowed values: {ALLOWED}")
 
 
+def steps(ordered: dict[Any, list[Desc]]) -> list[str]:
+    return [f"{d.cg_mode.name[0]}{d.num_tokens}" for lst in ordered.values() for d in lst]
+
+
+PLAN = {PIECEWISE: descs(PIECEWISE, [512, 256, 128, 8, 4]), FULL: descs(FULL, [384, 256, 48, 9])}
+
+
+@pytest.mark.parametrize(
+    ("order", "key", "expected"),
+    [
+        ("full-first", FULL, "F384 F256 F48 F9 P512 P256 P128 P8 P4"),
+        ("size-descending", PIECEWISE, "P512 F384 P256 F256 P128 F48 F9 P8 P4"),  # ties: PIECEWISE first
+        ("interleaved", PIECEWISE, "P512 F384 P256 F256 P128 F48 P8 F9 P4"),
+    ],
+)
+def test_orders_across_the_modes_give_one_list_under_the_first_graphs_mode(
+    order: str, key: Any, expected: str
+) -> None:
+    registry = PolicyRegistry([])
+    registry.validate(Settings(order=order))
+    ordered = registry.reordered(Settings(order=order), dict(reversed(PLAN.items())))  # FULL key first
+    assert list(ordered) == [key] and steps(ordered) == expected.split()
+    assert sorted(map(id, ordered[key])) == sorted(id(d) for lst in PLAN.values() for d in lst)
+    assert registry.sequence(Settings(order="ascending"), PLAN) is None  # within-mode orders: none
+    one_mode = registry.reordered(Settings(order=order), {FULL: PLAN[FULL]})
+    assert steps(one_mode) == ["F384", "F256", "F48", "F9"]  # one mode: vLLM's own order
+    assert registry.reordered(Settings(order=order), {}) == {}
+    assert registry.reordered(Settings(order=order), {FULL: [], PIECEWISE: []}) == {PIECEWISE: [], FULL: []}
+    with pytest.raises(ConfigError, match=f"{order} takes no argument"):
+        registry.validate(Settings(order=f"{order}:1"))
+
+
+class Sequencer:
+    """A package with one order across the modes (reversed whole), and ``None`` for another name."""
+
+    def __init__(self, result: Any = None) -> None:
+        self.result, self.asked = result, []  # type: list[Any] | None, list[Any]
+
+    @hookimpl
+    def staging_order_policies(self) -> list[str]:
+        return ["backwards", "per-mode"]
+
+    @hookimpl
+    def staging_capture_order(self, policy: str, argument: Any, mode: str, descriptors: Any) -> Any:
+        return list(descriptors)[::-1]
+
+    @hookimpl
+    def staging_capture_sequence(self, policy: str, argument: Any, descriptors: Any) -> Any:
+        self.asked.append(
+            (policy, argument, {m: [d.num_tokens for d in ds] for m, ds in descriptors.items()})
+        )
+        if policy == "per-mode":
+            return None
+        if self.result is not None:
+            return self.result(descriptors)
+        return [d for ds in descriptors.values() for d in ds][::-1]
+
+
+def test_a_package_order_across_the_modes_is_told_every_mode_by_name_in_vllms_order() -> None:
+    package = Sequencer()
+    registry = PolicyRegistry([("seq", package)])
+    registry.validate(Settings(order="backwards"))  # no validate hook: asked once with nothing
+    assert package.asked == [("backwards", None, {})]
+    ordered = registry.reordered(Settings(order="backwards:x"), dict(reversed(PLAN.items())))
+    assert package.asked[-1] == (
+        "backwards",
+        "x",
+        {"PIECEWISE": [512, 256, 128, 8, 4], "FULL": [384, 256, 48, 9]},
+    )
+    assert list(ordered) == [FULL] and steps(ordered)[:2] == ["F9", "F48"]
+    per_mode = registry.reordered(Settings(order="per-mode"), PLAN)  # None: one mode at a time
+    assert steps(per_mode) == ["P4", "P8", "P128", "P256", "P512", "F9", "F48", "F256", "F384"]
+
+
+@pytest.mark.parametrize(
+    ("result", "message"),
+    [
+        (lambda d: list(d["FULL"]), "returned 4 descriptors that are not a permutation of the 9 it was given "
+                                    "for the capture sequence"),
+        (lambda d: [*d["FULL"], *d["FULL"], d["PIECEWISE"][0]], "returned 9 descriptors that are not"),
+        (lambda d: 1 / 0, "order policy 'backwards' failed for the capture sequence: ZeroDivisionError"),
+    ],
+)  # fmt: skip
+def test_an_order_across_the_modes_must_be_a_permutation(result: Any, message: str) -> None:
+    with pytest.raises(PolicyError) as info:
+        PolicyRegistry([("seq", Sequencer(result))]).reordered(Settings(order="backwards"), PLAN)
+    assert message in str(info.value)
+    with pytest.raises(
+        ConfigError, match=r"'backwards' \(seq\) refused it"
+    ):  # at start-up, if it fails there
+        PolicyRegistry([("seq", Sequencer(lambda d: 1 / 0))]).validate(Settings(order="backwards"))
+
+
 class Greedy:
     """A sloppy package: declares one name, answers every name (and validates nothing it does not own)."""
 
@@ -89,7 +182,7 @@ def test_a_package_answering_every_name_cannot_take_over_a_builtin() -> None:
     assert greedy.asked == []
     assert tokens(registry, "greedy", descs(FULL, [1, 2, 4])) == [1, 2, 4]  # its own name: it is asked
     assert greedy.asked == ["greedy"]
-    assert registry.names() == ["descending", "ascending", "max-first", "shuffle", "greedy"]
+    assert registry.names() == [*policies.BuiltinPolicies.NAMES, "greedy"]
 
 
 class Claims:
@@ -224,7 +317,7 @@ def test_load_passes_strict_on_to_the_registry(monkeypatch: pytest.MonkeyPatch) 
     monkeypatch.setattr(
         policies, "entry_points", lambda group: found if group == policies.ENTRY_POINT_GROUP else []
     )
-    assert PolicyRegistry.load().names() == ["descending", "ascending", "max-first", "shuffle"]
+    assert PolicyRegistry.load().names() == list(policies.BuiltinPolicies.NAMES)
     with pytest.raises(ConfigError, match="order-policy package 'bad-names' cannot be used") as raised:
         PolicyRegistry.load(strict=True)
     assert isinstance(raised.value.__cause__, TypeError)
@@ -304,7 +397,7 @@ class BadNames:
 
 def test_a_package_declaring_no_names_is_skipped(plugin_log: Any) -> None:
     registry = PolicyRegistry([("bad-names", BadNames())])
-    assert registry.names() == ["descending", "ascending", "max-first", "shuffle"]
+    assert registry.names() == list(policies.BuiltinPolicies.NAMES)
     (warning,) = plugin_log.warnings
     assert_says(
         warning,

@@ -97,7 +97,8 @@ BAD_VALUES = {
     "STAGING_PLUGIN_STRICT": ({"STAGING_PLUGIN_STRICT": "2"}, BOOLEAN),
     "STAGING_PLUGIN_ORDER": (
         {"STAGING_PLUGIN_ORDER": "fastest"},
-        "allowed values: descending, ascending, max-first, shuffle:SEED",
+        "allowed values: descending, ascending, max-first, shuffle:SEED, "
+        "full-first, size-descending, interleaved",
     ),
     "STAGING_PLUGIN_ORDER argument": (
         {"STAGING_PLUGIN_ORDER": "shuffle:x"},

@@ -89,10 +89,20 @@
 #              (KDA_DECODE_ENGINES=kimi-linear-4l-dense-k3=vanilla+vllm-kdafix,kimi-linear-4l-dense-k3=plugin
 #              puts the patched vLLM first in each pair).
 #                                                                                      about 6 min
+#   v033-kda   vLLM 0.33.0 (payload: build-payload.sh 0.33.0), the Kimi-Linear dense shape at the K3 widths,
+#              join traffic, four boots at a time (gpu_memory_utilization 0.22 each): no plugin on the
+#              pre-flight's workaround grid x2 (so that the staging crash does not come first: the shared KDA
+#              layer's fault at the join step), the plugin on the K3 grid x3 (both fixes) and `vllm serve`
+#              with the plugin x2.                                                    about 6 min
+#   v034-order the capture-order study on vLLM 0.34.0: every built-in order with the plugin (receipts), the
+#              Qwen3-8B shape at vLLM's default grid and Kimi-K3 as deployed (v034-k3's deployment), two
+#              boots per order and model, one boot at a time on the GPU (vLLM's "took" reads the device's
+#              free memory), the models alternating and the orders interleaved round by round; calling it
+#              again fills what the last call left.                                3 calls of ~9.5 min
 #   decode     steady-state decode tokens/s, vanilla vs plugin under the default order, batch 1 and 64,
 #              Qwen3-0.6B on GPU 0 and Qwen3-8B on GPU 1, N=3 ABBA.                    about 5 min
 set -uo pipefail
-stage=${1:?usage: bash benchmarks/gpu/session.sh v034-kda|v034-k3|kda|kda-dense|k3-control|kda-fault|k3|k3-deploy|k3-serve|k3-tp|k3-decode|tp|pp-eagle3|parallel|decode|eagle3|ray}
+stage=${1:?usage: bash benchmarks/gpu/session.sh v033-kda|v034-order|v034-kda|v034-k3|kda|kda-dense|k3-control|kda-fault|k3|k3-deploy|k3-serve|k3-tp|k3-decode|tp|pp-eagle3|parallel|decode|eagle3|ray}
 here=$(cd "$(dirname "$0")" && pwd)
 cd "$here/../.."
 root=$(pwd)
@@ -224,6 +234,17 @@ $b5=vanilla$d,$b5=plugin$d,$b7=vanilla$d,$b7=plugin$d" ;;
     m=kimi-k3-mxfp4-dspark8; d=@descending
     study --models "$m" --traffic join --fill-to 1 --concurrent 1 --per-gpu 1 --gpu-mem 0.7 --boot-timeout 480 \
           --serve-plan "$m=plugin$d" --plan "$m=vanilla$d*2,$m=plugin$d*2,$m=plugin@ascending*2" ;;
+  v033-kda)
+    kl=kimi-linear-4l-dense-k3; d=@descending
+    study --models "$kl,$kl-workaround" --traffic join --fill-to 1 --concurrent 4 --per-gpu 4 --gpu-mem 0.22 \
+          --boot-timeout 420 --serve-plan "$kl=plugin$d*2" --plan "$kl-workaround=vanilla$d*2,$kl=plugin$d*3" ;;
+  v034-order)
+    q=qwen3-8b; k=kimi-k3-mxfp4-dspark8; plan=""
+    for o in descending ascending max-first shuffle:1 full-first size-descending interleaved; do
+      plan+="$q=plugin@$o,$k=plugin@$o,"
+    done
+    study --models "$q,$k" --fill-to "${FILL_TO:-2}" --concurrent 1 --per-gpu 1 --gpu-mem 0.7 --boot-timeout 480 \
+          --plan "${plan%,}" ;;
   v034-kda-decode)
     kl=kimi-linear-4l-dense-k3; t=$(left)
     timeout "$((t - 15))" $py benchmarks/decode_bench.py run --out "$work" --deadline "$((t - 60))" "${extra[@]}" \
@@ -272,13 +293,15 @@ if [[ $stage == decode || $stage == *-decode ]]; then
   keep=(decode.json receipts); logs=engines; trimmed=(engines/*/engine.trim.log)
 else
   faults=(); [[ $stage == kda-fault || $stage == k3 ]] && faults=(--faults)
-  $py "$root/benchmarks/order_study.py" summarize . "${faults[@]}" > summary.md 2>&1
+  plot=(); [[ $stage == *-order ]] && plot=(--plot order-study.png)
+  $py "$root/benchmarks/order_study.py" summarize . "${faults[@]}" "${plot[@]}" > summary.md 2>&1
   keep=(boots receipts); logs=logs; trimmed=(logs/*.trim.log)
 fi
 # full engine logs while they are small (they compress about 10x; one returned file may hold 16 MiB)
 if [[ -d $logs && $(du -sm "$logs" | cut -f1) -lt 60 ]]; then keep+=("$logs"); else keep+=("${trimmed[@]}"); fi
 [[ -f ray-cluster.txt ]] && keep+=(ray-cluster.txt)
 for f in memcheck-*.txt; do [[ -f $f ]] && keep+=("$f"); done
+[[ -f order-study.png ]] && keep+=(order-study.png)
 tar czf "$out/$stage.tar.gz" --ignore-failed-read env.txt summary.md models "${keep[@]}" 2>/dev/null
 ls -la "$out"
 echo "== $stage summary ($SECONDS s) =="

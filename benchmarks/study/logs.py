@@ -15,6 +15,8 @@ PROFILE_AND_REAL = "profiling pass first, real capture last"
 CAPTURE_LINE = re.compile(r"Graph capturing finished in ([\d.]+) secs?, took ([\d.]+) GiB")
 POOL_LINE = re.compile(r"CUDA graph pool memory: ([\d.]+) GiB \(actual\), ([\d.]+) GiB \(estimated\)")
 KV_LINE = "Available KV cache memory"  # the worker's memory profiling is over
+KV_AVAILABLE = re.compile(r"Available KV cache memory: ([\d.]+) GiB")
+KV_TOKENS = re.compile(r"GPU KV cache size: ([\d,]+) tokens")
 KEEP = re.compile(
     r"staging|Graph capturing|CUDA graph pool|Error|error|Model Runner|Traceback|KV cache memory"
     r"|environment variables|Env var prefixes|[Rr]ay|JIT compilation|illegal memory|study-shim"
@@ -40,6 +42,10 @@ def analyse_log(text: str, trimmed: Path) -> dict[str, Any]:
         record["vllm_profiling_capture_seconds"], record["vllm_profiling_took_gib"] = map(float, lines[0])
     if lines:
         record["vllm_capture_seconds"], record["vllm_took_gib"] = map(float, lines[-1])
+    if found := KV_AVAILABLE.findall(text):
+        record["vllm_available_kv_gib"] = float(found[-1])
+    if found := KV_TOKENS.findall(text):
+        record["vllm_kv_tokens"] = int(found[-1].replace(",", ""))
     if m := POOL_LINE.search(text):
         record["vllm_actual_gib"], record["vllm_estimated_gib"] = float(m[1]), float(m[2])
     v2, v1 = text.count("Using V2 Model Runner"), "Model Runner V2 does not yet support" in text

@@ -11,7 +11,7 @@ from typing import Any
 
 # arm -> STAGING_PLUGIN_PRESIZE; None: the plugin is not loaded at all
 ARMS: dict[str, str | None] = {"vanilla": None, "stock": "off-allow-crash", "plugin": "on"}
-ORDERS = ("descending", "ascending", "max-first", "shuffle:1")
+ORDERS = ("descending", "ascending", "max-first", "shuffle:1", "full-first", "size-descending", "interleaved")
 # A variant changes only the boot's environment (study.boot.variant_env), so that one configuration can be
 # booted under several debugging switches and compared with itself.
 # Variants join with "+" (``kda-log+vllm-kdafix``). The ``vllm-*`` ones put a patched copy of vLLM first on

@@ -136,6 +136,11 @@ def _finish(run: Running, out: Path, busy: set[int]) -> dict[str, Any]:
     record["receipt_ranks"] = sorted({r.get("rank") for r in written}, key=str)
     record["receipt_pids"] = sorted({r.get("pid") for r in written}, key=str)  # which processes captured
     record["receipt_orders"] = sorted({f"{r.get('kind')}:{r.get('policy')}" for r in written})
+    real = [r for r in written if r.get("kind") == "capture" and r.get("ok")]
+    if len(real) == 1:  # one engine, one real capture: its measured figures (the order study's table)
+        for field in ("graph_pool_reserved_bytes", "graph_pool_active_bytes", "graph_memory_bytes",
+                      "capture_seconds", "captured_modes", "captured_sequence"):  # fmt: skip
+            record[f"receipt_{field}"] = real[0].get(field)
     run.record.write_text(json.dumps(record, indent=1))
     shutil.rmtree(out / "scratch" / c.boot_id, ignore_errors=True)  # a fresh Triton cache is not kept
     return record

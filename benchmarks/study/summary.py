@@ -12,7 +12,7 @@ from typing import Any
 
 from study.boot import JOIN_TOKENS, MAX_TOKENS, PROMPTS, SINGLE_TOKENS
 from study.models import MODELS
-from study.plan import STOPPED
+from study.plan import ORDERS, STOPPED
 
 
 def summarize(args: argparse.Namespace) -> int:
@@ -58,7 +58,103 @@ def summarize(args: argparse.Namespace) -> int:
     if getattr(args, "faults", False) or any(b.get("variant") for b in boots):
         print()
         faults(boots)
+    if any(b.get("receipt_graph_pool_reserved_bytes") for b in boots):
+        print()
+        orders(boots)
+    if getattr(args, "plot", None):
+        plot_orders(boots, Path(args.plot))
     return 0
+
+
+GIB = 1 << 30
+ORDER_FIGURES = (  # (record field, column, scale): the order study's per-boot figures
+    ("vllm_took_gib", 'graph memory, vLLM\'s "took" (GiB)', 1),
+    ("receipt_graph_pool_reserved_bytes", "graph pool, receipt (GiB)", GIB),
+    ("receipt_capture_seconds", "capture s (receipt)", 1),
+    ("vllm_kv_tokens", "KV cache tokens", 1),
+)
+
+
+def order_cells(boots: list[dict[str, Any]]) -> dict[tuple[str, str], list[dict[str, Any]]]:
+    """Successful plugin boots with a real-capture receipt, per (model, order), in boot order."""
+    cells: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    for b in sorted(boots, key=lambda b: b["boot_id"]):
+        if b["arm"] == "plugin" and b["ok"] and b.get("receipt_graph_pool_reserved_bytes"):
+            cells.setdefault((b["model"], b["order"]), []).append(b)
+    return cells
+
+
+def orders(boots: list[dict[str, Any]]) -> None:
+    """Per model and order: every boot's figures (median first), and the medians over vLLM's order."""
+    cells = order_cells(boots)
+    header = ("model", "order", "N", *(c for _, c, _ in ORDER_FIGURES), "graph memory / descending",
+              "pool / descending", "capture s / descending", "KV tokens / descending")  # fmt: skip
+    print("| " + " | ".join(header) + " |")
+    print("|" + "---|" * len(header))
+    for (model, order), items in sorted(cells.items(), key=lambda kv: (kv[0][0], _order_rank(kv[0][1]))):
+        base = cells.get((model, "descending"), [])
+        cols = [_values(items, field, scale) for field, _, scale in ORDER_FIGURES]
+        ratios = [_ratio(items, base, f, s) for f, s in (("vllm_took_gib", 1),
+                  ("receipt_graph_pool_reserved_bytes", GIB), ("receipt_capture_seconds", 1),
+                  ("vllm_kv_tokens", 1))]  # fmt: skip
+        print(f"| {model} | {order} | {len(items)} | {' | '.join(cols)} | {' | '.join(ratios)} |")
+
+
+def _order_rank(order: str) -> tuple[int, str]:
+    known = ORDERS
+    return (known.index(order) if order in known else len(known), order)
+
+
+def _figures(items: list[dict[str, Any]], field: str, scale: float) -> list[float]:
+    return [b[field] / scale for b in items if b.get(field) is not None]
+
+
+def _values(items: list[dict[str, Any]], field: str, scale: float) -> str:
+    values = _figures(items, field, scale)
+    if not values:
+        return "-"
+    fmt = "{:,.0f}" if field.endswith("tokens") else "{:,.3f}" if scale != 1 or "seconds" in field else "{:g}"
+    shown = ", ".join(fmt.format(v) for v in values)
+    return f"{fmt.format(statistics.median(values))} ({shown})" if len(values) > 1 else shown
+
+
+def _ratio(items: list[dict[str, Any]], base: list[dict[str, Any]], field: str, scale: float) -> str:
+    mine, theirs = _figures(items, field, scale), _figures(base, field, scale)
+    if not mine or not theirs or statistics.median(theirs) == 0:
+        return "-"
+    return f"{statistics.median(mine) / statistics.median(theirs):.3f}"
+
+
+def plot_orders(boots: list[dict[str, Any]], path: Path) -> None:
+    """Graph memory per order, one panel per model: the median bar, every boot a dot (the spread)."""
+    cells = order_cells(boots)
+    models = sorted({m for m, _ in cells})
+    try:
+        import matplotlib
+    except ImportError:
+        print(f"no picture: matplotlib is not installed here (summarize again with it for {path})")
+        return
+    if not models:
+        print("no picture: no plugin boot with a real-capture receipt")
+        return
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(models), figsize=(6.5 * len(models), 4.2), squeeze=False)
+    for ax, model in zip(axes[0], models, strict=True):
+        names = sorted({o for m, o in cells if m == model}, key=_order_rank)
+        for i, name in enumerate(names):
+            values = _figures(cells[(model, name)], "vllm_took_gib", 1)
+            pools = _figures(cells[(model, name)], "receipt_graph_pool_reserved_bytes", GIB)
+            ax.bar(i, statistics.median(values), color="#4C72B0" if name == "descending" else "#999999")
+            ax.plot([i] * len(values), values, "k.", markersize=7)
+            ax.plot([i + 0.25] * len(pools), pools, "r_", markersize=10)
+        ax.set_xticks(range(len(names)), names, rotation=30, ha="right")
+        ax.set_ylabel("GiB")
+        ax.set_title(f"{model}: graph memory (bar: median of vLLM's \"took\"; dots: boots; red: pool)",
+                     fontsize=9)  # fmt: skip
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
 
 
 def _median(items: list[dict[str, Any]], key: str) -> str:

@@ -20,7 +20,7 @@ from .. import __version__
 from . import compat
 from .receipts import SCHEMA, Receipt, ReceiptStart, write_receipt
 from .settings import DEFAULT_ORDER
-from .sizing import capture_sequence, staging_capacity
+from .sizing import capture_sequence, captured_modes, staging_capacity
 from .staging import ManagerState, staging_buffer_bytes
 
 logger = logging.getLogger("vllm.staging_plugin")
@@ -110,16 +110,18 @@ def _finish(
     start: ReceiptStart, free_before: int | None, manager: Any, seconds: float, profiling: bool
 ) -> Receipt:
     captured = manager._capture_descs  # this capture's lists, in the order it ran them
-    sequence = capture_sequence(captured)
+    sequence, modes = capture_sequence(captured), captured_modes(captured)
     limit = getattr(manager, compat.PROFILING_LIMIT, None)  # main samples otherwise: recorded as captured
-    if profiling and limit is not None and "FULL" in sequence:
+    if profiling and limit is not None and "FULL" in sequence:  # vLLM's order: one list per mode
         sequence["FULL"] = sequence["FULL"][:limit]
+        modes = [name for name, tokens in sequence.items() for _ in tokens]
     free_after = _free_memory()
     graph_memory = free_before - free_after if free_before is not None and free_after is not None else None
     reserved, active = _pool_bytes(getattr(manager, "pool", None))
     return {
         **start,
         "captured_sequence": sequence,
+        "captured_modes": modes,
         "capacity": staging_capacity(captured),
         "staging_bytes": staging_buffer_bytes(manager),
         "capture_seconds": round(seconds, 4),

@@ -11,6 +11,7 @@ import random
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from importlib.metadata import EntryPoint, entry_points
+from itertools import zip_longest
 from typing import Any
 
 import pluggy
@@ -18,6 +19,7 @@ import pluggy
 from .. import hookspecs
 from ..hookspecs import hookimpl
 from .settings import ENV_ORDER, ENV_STRICT, ConfigError, Settings
+from .sizing import mode_name, mode_rank
 
 ENTRY_POINT_GROUP = "vllm_staging_plugin.order_policies"
 BUILTIN = "builtin"
@@ -33,9 +35,24 @@ def _tokens(desc: Any) -> int:
 
 
 class BuiltinPolicies:
-    """The four built-in orders."""
+    """The built-in orders, each with why it is worth trying (docs/configuration.md has the figures).
 
-    NAMES = ("descending", "ascending", "max-first", "shuffle")
+    Within one mode (vLLM captures every PIECEWISE graph, then every FULL one):
+    ``descending`` vLLM's own order, untouched: the widest graph of a mode first, so later ones reuse
+    its blocks in the graph pool. ``ascending`` the opposite, the worst case for that reuse (and the
+    order that crashes stock staging on 0.18.0-0.33.0). ``max-first`` the largest, then ascending: the
+    staging buffers born at full size with every other graph in ascending order. ``shuffle:SEED`` a
+    seeded permutation.
+    Across the modes (:meth:`staging_capture_sequence`):
+    ``full-first`` FULL before PIECEWISE, each descending: decode graphs are the ones served on every
+    step. ``size-descending`` one list over both modes, widest first (ties: PIECEWISE first): every
+    graph after the first fits blocks that a wider one left. ``interleaved`` the modes alternate one
+    graph at a time, each descending, PIECEWISE first: the two modes' graphs of similar width side by side.
+    """
+
+    WITHIN_MODES = ("descending", "ascending", "max-first", "shuffle")
+    ACROSS_MODES = ("full-first", "size-descending", "interleaved")
+    NAMES = WITHIN_MODES + ACROSS_MODES
 
     @hookimpl
     def staging_order_policies(self) -> list[str]:
@@ -58,13 +75,28 @@ class BuiltinPolicies:
             shuffled = list(descriptors)
             random.Random(int(str(argument))).shuffle(shuffled)
             return shuffled
-        if policy == "descending":  # vLLM's own order, untouched
+        if policy in ("descending", *self.ACROSS_MODES):  # vLLM's own order within a mode
             return list(descriptors)
         ascending = sorted(descriptors, key=_tokens)  # stable: ties keep vLLM's order
         if policy == "ascending" or not descriptors:
             return ascending
         largest = max(descriptors, key=_tokens)  # max-first: the largest, then ascending
         return [largest, *(d for d in ascending if d is not largest)]
+
+    @hookimpl
+    def staging_capture_sequence(
+        self, policy: str, argument: str | None, descriptors: Mapping[str, tuple[Any, ...]]
+    ) -> list[Any] | None:
+        if policy not in self.ACROSS_MODES:
+            return None
+        self.staging_validate_order(policy, argument)
+        lists = list(descriptors.values())  # vLLM's order: PIECEWISE, then FULL
+        if policy == "full-first":
+            return [d for name in sorted(descriptors, key=lambda n: n != "FULL") for d in descriptors[name]]
+        if policy == "size-descending":  # stable: ties keep vLLM's order (PIECEWISE first)
+            return sorted((d for descs in lists for d in descs), key=_tokens, reverse=True)
+        interleaved = zip_longest(*lists)  # interleaved: one of each mode in turn
+        return [d for step in interleaved for d in step if d is not None]
 
 
 class PolicyRegistry:
@@ -153,6 +185,8 @@ class PolicyRegistry:
         try:
             if self._implements("staging_validate_order", name):
                 self._call("staging_validate_order", name, argument=settings.order_argument)
+            elif self._implements("staging_capture_sequence", name):
+                self.sequence(settings, {})
             else:
                 self.order(settings, "validation", ())
         except Exception as exc:
@@ -187,11 +221,47 @@ class PolicyRegistry:
     def reordered(
         self, settings: Settings, capture_descs: Mapping[Any, Sequence[Any]]
     ) -> dict[Any, list[Any]]:
-        """``capture_descs`` with each mode's list in policy order (modes keep vLLM's order)."""
-        return {
-            mode: self.order(settings, str(getattr(mode, "name", mode)), descs)
-            for mode, descs in capture_descs.items()
-        }
+        """``capture_descs`` in policy order: each mode's list reordered (modes keep vLLM's order), or,
+        for a policy that mixes the modes, one list of every descriptor under the first one's mode.
+
+        vLLM's capture loop takes each descriptor's mode from the descriptor itself (0.18.0-0.34.0), so
+        one list under one key captures every graph in its own mode, in the sequence given.
+        """
+        sequence = self.sequence(settings, capture_descs)
+        if sequence is not None:
+            return sequence
+        return {mode: self.order(settings, mode_name(mode), descs) for mode, descs in capture_descs.items()}
+
+    def sequence(
+        self, settings: Settings, capture_descs: Mapping[Any, Sequence[Any]]
+    ) -> dict[Any, list[Any]] | None:
+        """The whole capture as one list (under the key of its first descriptor's mode), or None when the
+        policy orders each mode alone."""
+        name = settings.order_name
+        if not self._implements("staging_capture_sequence", name):
+            return None
+        ranked = sorted(capture_descs, key=mode_rank)  # vLLM captures PIECEWISE, then FULL
+        given = {mode_name(mode): tuple(capture_descs[mode]) for mode in ranked}
+        try:
+            results = self._call(
+                "staging_capture_sequence", name, argument=settings.order_argument, descriptors=given
+            )
+        except Exception as exc:
+            raise PolicyError(f"order policy {name!r} failed for the capture sequence: "
+                              f"{type(exc).__name__}: {exc}") from exc  # fmt: skip
+        if not results:  # None: this policy orders each mode alone
+            return None
+        ordered = list(results[0])
+        every = [d for mode in ranked for d in capture_descs[mode]]
+        if len(ordered) != len(every) or Counter(map(id, ordered)) != Counter(map(id, every)):
+            raise PolicyError(
+                f"order policy {name!r} returned {len(ordered)} descriptors that are not a "
+                f"permutation of the {len(every)} it was given for the capture sequence"
+            )
+        if not ordered:
+            return {mode: [] for mode in ranked}
+        owner = {id(d): mode for mode in ranked for d in capture_descs[mode]}
+        return {owner[id(ordered[0])]: ordered}
 
 
 def _loaded(found: Iterable[EntryPoint], strict: bool) -> list[tuple[str, object]]:

@@ -48,10 +48,11 @@ class _Start(TypedDict):
 
 class _Agreement(TypedDict, total=False):
     """Fields a receipt of an older plugin lacks: the agreement check's count, whether vLLM sized the
-    staging itself."""
+    staging itself, each captured descriptor's mode."""
 
     ranks_agreed: int | None  # ranks whose capture plan matched (None: not checked)
     vllm_sizes_staging: bool  # the vLLM sized the staging itself (0.34.0); older receipts lack it
+    captured_modes: list[str]  # each descriptor's mode in capture order (set when the capture ends)
 
 
 class ReceiptStart(_Start, _Agreement):

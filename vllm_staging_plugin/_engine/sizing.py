@@ -7,7 +7,7 @@ need as many rows as the largest descriptor of any mode (PIECEWISE, FULL, LoRA c
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from itertools import chain
+from itertools import chain, repeat
 from operator import attrgetter
 from typing import Any, Protocol
 
@@ -32,10 +32,18 @@ CAPTURE_MODE_ORDER = ("PIECEWISE", "FULL")  # vLLM captures PIECEWISE first, the
 
 
 def capture_sequence(capture_descs: Mapping[Any, Sequence[Descriptor]]) -> dict[str, list[int]]:
-    """``num_tokens`` per mode in capture order, keyed by mode name (receipts, CLI plan)."""
-    named = {_mode_name(mode): [int(d.num_tokens) for d in descs] for mode, descs in capture_descs.items()}
-    rank = {name: i for i, name in enumerate(CAPTURE_MODE_ORDER)}
-    return dict(sorted(named.items(), key=lambda item: rank.get(item[0], len(rank))))
+    """``num_tokens`` per mode in capture order, keyed by mode name (receipts, CLI plan); a list that
+    mixes the modes (an order policy across them) is keyed by its modes joined, as ``PIECEWISE+FULL``.
+
+    No Python frame per descriptor: the footprint test bounds the frames of a capture and its reading.
+    """
+    named = sorted(
+        [
+            (mode_rank(m), _list_name(m, descs), [int(d.num_tokens) for d in descs])
+            for m, descs in capture_descs.items()
+        ]
+    )
+    return {name: tokens for _, name, tokens in named}
 
 
 def staging_bytes(rows: int, trailing_shape: Sequence[int], element_size: int) -> int:
@@ -46,5 +54,22 @@ def staging_bytes(rows: int, trailing_shape: Sequence[int], element_size: int) -
     return size
 
 
-def _mode_name(mode: Any) -> str:
+def captured_modes(capture_descs: Mapping[Any, Sequence[Descriptor]]) -> list[str]:
+    """Each descriptor's own mode, in capture order (vLLM captures a descriptor in its ``cg_mode``)."""
+    ordered = sorted(capture_descs.items(), key=lambda item: mode_rank(item[0]))
+    return [mode_name(getattr(d, "cg_mode", mode)) for mode, descs in ordered for d in descs]
+
+
+def _list_name(mode: Any, descs: Sequence[Descriptor]) -> str:
+    modes = dict.fromkeys(map(getattr, descs, repeat("cg_mode"), repeat(mode)))  # no frame per descriptor
+    return "+".join([mode_name(m) for m in modes]) if len(modes) > 1 else str(getattr(mode, "name", mode))
+
+
+def mode_rank(mode: Any) -> int:
+    """Where vLLM's capture loop takes ``mode`` (an enum member or its name): PIECEWISE, FULL, others."""
+    name = mode_name(mode)
+    return CAPTURE_MODE_ORDER.index(name) if name in CAPTURE_MODE_ORDER else len(CAPTURE_MODE_ORDER)
+
+
+def mode_name(mode: Any) -> str:
     return str(getattr(mode, "name", mode))

@@ -245,7 +245,8 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         metavar="ORDER",
         help="capture order to replay with the plugin: descending (vLLM's own), ascending, "
-        "max-first, shuffle:SEED, or a registered policy. Default: with `--`, "
+        "max-first, shuffle:SEED, full-first, size-descending, interleaved, or a registered policy. "
+        "Default: with `--`, "
         "$STAGING_PLUGIN_ORDER or descending; without, ascending (the demonstration)",
     )
     both.add_argument(

@@ -67,7 +67,7 @@ def replay_arm(
 ) -> tuple[Arm, dict[str, list[int]]]:
     """One real capture() of a manager built from ``vllm_config`` at ``stage``, stock or patched with
     ``settings``; returns the arm and vLLM's plan."""
-    from ..._engine.sizing import CAPTURE_MODE_ORDER, capture_sequence
+    from ..._engine.sizing import capture_sequence
 
     cfg = cpu_replay.ReplayConfig(
         mode=inputs.cudagraph_mode,
@@ -89,38 +89,34 @@ def replay_arm(
             ubatch_runner=cpu_replay.UbatchRunner() if inputs.dbo else None,
         )  # fmt: skip
         descs = seams.capture_plan(manager)
-        by_name = {getattr(mode, "name", str(mode)): mode for mode in descs}
-        flat = [(by_name[name], d) for name in CAPTURE_MODE_ORDER if name in by_name
-                for d in descs[by_name[name]]]  # fmt: skip
         plan = capture_sequence(descs)  # vLLM's own order, before any policy
         result = cpu_replay.run_capture(manager, cfg)
-    ran = _ran(result.forwards, flat)
-    arm = Arm(ok=result.ok, error=result.error, sequence=_by_mode(ran), buffers=result.buffers,
+        walked = seams.replayed_plan(manager) or descs  # the lists the loop walked, a policy's order
+    ran = _ran(result.forwards, walked)
+    arm = Arm(ok=result.ok, error=result.error, sequence=_sequence(ran), buffers=result.buffers,
               conclusive=result.conclusive)  # fmt: skip
     if ran:
-        arm.allocated_by = _describe(*ran[0])  # store_capture_output allocates from the first output
+        arm.allocated_by = _describe(*ran[0][1:])  # store_capture_output allocates from the first output
         if not result.ok:
-            arm.failed_at = _describe(*ran[-1])  # the descriptor whose forward raised
+            arm.failed_at = _describe(*ran[-1][1:])  # the descriptor whose forward raised
     return arm, plan
 
 
-def _ran(forwards: list[int], flat: list[tuple[Any, Any]]) -> list[tuple[Any, Any]]:
-    """The descriptors in the order the capture ran them (an order policy permutes within each mode).
+def _ran(forwards: list[int], walked: dict[Any, list[Any]]) -> list[tuple[Any, Any, Any]]:
+    """(list key, mode, descriptor) of each descriptor the capture ran, in order: the loop walks the lists
+    PIECEWISE first, each descriptor in its own mode, two forwards each (warm-up, capture)."""
+    from ..._engine.sizing import mode_rank
 
-    Each descriptor runs two forwards (warm-up, capture); the k-th descriptor of a mode is matched by
-    its ``num_tokens`` among that mode's descriptors not yet taken.
-    """
-    ran: list[tuple[Any, Any]] = []
-    left = list(flat)
-    for n in forwards[::2]:
-        mode = left[0][0]  # modes are captured one after the other, PIECEWISE first
-        match = next((i for i, (m, d) in enumerate(left) if m is mode and d.num_tokens == n), 0)
-        ran.append(left.pop(match))
-    return ran
+    flat = [
+        (key, getattr(d, "cg_mode", key), d) for key in sorted(walked, key=mode_rank) for d in walked[key]
+    ]
+    return flat[: len(forwards[::2])]
 
 
-def _by_mode(ran: list[tuple[Any, Any]]) -> dict[str, list[int]]:
-    captured: dict[str, list[int]] = {}
-    for mode, desc in ran:
-        captured.setdefault(str(getattr(mode, "name", mode)), []).append(int(desc.num_tokens))
-    return captured
+def _sequence(ran: list[tuple[Any, Any, Any]]) -> dict[str, list[int]]:
+    from ..._engine.sizing import capture_sequence
+
+    lists: dict[Any, list[Any]] = {}
+    for key, _, desc in ran:
+        lists.setdefault(key, []).append(desc)
+    return capture_sequence(lists)
