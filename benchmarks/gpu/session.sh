@@ -240,7 +240,7 @@ $b5=vanilla$d,$b5=plugin$d,$b7=vanilla$d,$b7=plugin$d" ;;
           --boot-timeout 420 --serve-plan "$kl=plugin$d*2" --plan "$kl-workaround=vanilla$d*2,$kl=plugin$d*3" ;;
   v034-order)
     q=qwen3-8b; k=kimi-k3-mxfp4-dspark8; plan=""
-    for o in descending ascending max-first shuffle:1 full-first size-descending interleaved; do
+    for o in ${ORDERS:-descending ascending max-first shuffle:1 full-first size-descending interleaved}; do
       plan+="$q=plugin@$o,$k=plugin@$o,"
     done
     study --models "$q,$k" --fill-to "${FILL_TO:-2}" --concurrent 1 --per-gpu 1 --gpu-mem 0.7 --boot-timeout 480 \
