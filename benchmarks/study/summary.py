@@ -70,6 +70,7 @@ GIB = 1 << 30
 ORDER_FIGURES = (  # (record field, column, scale): the order study's per-boot figures
     ("vllm_took_gib", 'graph memory, vLLM\'s "took" (GiB)', 1),
     ("receipt_graph_pool_reserved_bytes", "graph pool, receipt (GiB)", GIB),
+    ("receipt_graph_memory_bytes", "free-memory drop over the manager's capture, receipt (GiB)", GIB),
     ("receipt_capture_seconds", "capture s (receipt)", 1),
     ("vllm_kv_tokens", "KV cache tokens", 1),
 )
@@ -88,15 +89,16 @@ def orders(boots: list[dict[str, Any]]) -> None:
     """Per model and order: every boot's figures (median first), and the medians over vLLM's order."""
     cells = order_cells(boots)
     header = ("model", "order", "N", *(c for _, c, _ in ORDER_FIGURES), "graph memory / descending",
-              "pool / descending", "capture s / descending", "KV tokens / descending")  # fmt: skip
+              "pool / descending", "drop / descending", "capture s / descending",
+              "KV tokens / descending")  # fmt: skip
     print("| " + " | ".join(header) + " |")
     print("|" + "---|" * len(header))
     for (model, order), items in sorted(cells.items(), key=lambda kv: (kv[0][0], _order_rank(kv[0][1]))):
         base = cells.get((model, "descending"), [])
         cols = [_values(items, field, scale) for field, _, scale in ORDER_FIGURES]
         ratios = [_ratio(items, base, f, s) for f, s in (("vllm_took_gib", 1),
-                  ("receipt_graph_pool_reserved_bytes", GIB), ("receipt_capture_seconds", 1),
-                  ("vllm_kv_tokens", 1))]  # fmt: skip
+                  ("receipt_graph_pool_reserved_bytes", GIB), ("receipt_graph_memory_bytes", GIB),
+                  ("receipt_capture_seconds", 1), ("vllm_kv_tokens", 1))]  # fmt: skip
         print(f"| {model} | {order} | {len(items)} | {' | '.join(cols)} | {' | '.join(ratios)} |")
 
 

@@ -224,7 +224,8 @@ class PolicyRegistry:
         """``capture_descs`` in policy order: each mode's list reordered (modes keep vLLM's order), or,
         for a policy that mixes the modes, one list of every descriptor under the first one's mode.
 
-        vLLM's capture loop takes each descriptor's mode from the descriptor itself (0.18.0-0.34.0), so
+        vLLM's capture loop takes each descriptor's mode from the descriptor itself (read in 0.18.0, 0.24.0,
+        0.29.0, 0.30.0 and 0.32.0-0.34.0; tests/test_contract_replay_loop.py on every release CI covers), so
         one list under one key captures every graph in its own mode, in the sequence given.
         """
         sequence = self.sequence(settings, capture_descs)
