@@ -98,11 +98,13 @@
 #              Qwen3-8B shape at vLLM's default grid and Kimi-K3 as deployed (v034-k3's deployment), two
 #              boots per order and model, one boot at a time on the GPU (vLLM's "took" reads the device's
 #              free memory), the models alternating and the orders interleaved round by round; calling it
-#              again fills what the last call left.                                3 calls of ~9.5 min
+#              again fills what the last call left; ORDERS="a b ..." narrows the orders of a call (FILL_TO
+#              sets N, default 2). A boot takes about 40-60 s once each model compiled.  4+ calls of ~9.5 min
+#   v033-order the same study on vLLM 0.33.0 (payload: build-payload.sh 0.33.0), where the plugin pre-sizes.
 #   decode     steady-state decode tokens/s, vanilla vs plugin under the default order, batch 1 and 64,
 #              Qwen3-0.6B on GPU 0 and Qwen3-8B on GPU 1, N=3 ABBA.                    about 5 min
 set -uo pipefail
-stage=${1:?usage: bash benchmarks/gpu/session.sh v033-kda|v034-order|v034-kda|v034-k3|kda|kda-dense|k3-control|kda-fault|k3|k3-deploy|k3-serve|k3-tp|k3-decode|tp|pp-eagle3|parallel|decode|eagle3|ray}
+stage=${1:?usage: bash benchmarks/gpu/session.sh v033-kda|v033-order|v034-order|v034-kda|v034-k3|kda|kda-dense|k3-control|kda-fault|k3|k3-deploy|k3-serve|k3-tp|k3-decode|tp|pp-eagle3|parallel|decode|eagle3|ray}
 here=$(cd "$(dirname "$0")" && pwd)
 cd "$here/../.."
 root=$(pwd)
@@ -238,7 +240,7 @@ $b5=vanilla$d,$b5=plugin$d,$b7=vanilla$d,$b7=plugin$d" ;;
     kl=kimi-linear-4l-dense-k3; d=@descending
     study --models "$kl,$kl-workaround" --traffic join --fill-to 1 --concurrent 4 --per-gpu 4 --gpu-mem 0.22 \
           --boot-timeout 420 --serve-plan "$kl=plugin$d*2" --plan "$kl-workaround=vanilla$d*2,$kl=plugin$d*3" ;;
-  v034-order)
+  v033-order|v034-order)  # the same plan on whichever payload is staged (the stage names the release)
     q=qwen3-8b; k=kimi-k3-mxfp4-dspark8; plan=""
     for o in ${ORDERS:-descending ascending max-first shuffle:1 full-first size-descending interleaved}; do
       plan+="$q=plugin@$o,$k=plugin@$o,"

@@ -1,0 +1,84 @@
+"""The capture-order study's harness (``benchmarks/``): the stage plans every order on both models, the
+engine log's KV-cache lines are read, and the order table's ratios and picture come from the records."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "benchmarks"))  # the study package, as benchmarks/order_study.py imports it
+
+from study import logs, summary  # noqa: E402
+from study.plan import ORDERS  # noqa: E402
+
+from vllm_staging_plugin._engine.policies import BuiltinPolicies  # noqa: E402
+
+
+def test_the_study_knows_every_builtin_order() -> None:
+    assert {o.partition(":")[0] for o in ORDERS} == set(BuiltinPolicies.NAMES)
+
+
+def test_the_stage_plans_the_asked_orders_on_both_models_one_boot_at_a_time(tmp_path: Path) -> None:
+    env = os.environ | {"DRY_RUN": "1", "PYTHON": sys.executable, "OUT": str(tmp_path),
+                        "ORDERS": "full-first interleaved"}  # fmt: skip
+    run = subprocess.run(["bash", "benchmarks/gpu/session.sh", "v034-order"], cwd=ROOT, env=env,
+                         capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert run.returncode == 0, run.stderr
+    lines = [line for line in run.stdout.splitlines() if line.startswith("would boot")]
+    booted = sorted(line.split()[2] for line in lines)
+    assert booted == sorted(f"r{r}-{m}-{o}-plugin" for r in (0, 1) for o in ("full-first", "interleaved")
+                            for m in ("qwen3-8b", "kimi-k3-mxfp4-dspark8"))  # fmt: skip
+    assert "up to 1 at once, 1 per GPU" in run.stdout  # vLLM's "took" reads the whole device
+    for line in lines:
+        assert json.loads(line.split(" ", 4)[4].rsplit(" env=", 1)[0])["gpu_memory_utilization"] == 0.7
+
+
+def test_the_kv_cache_lines_are_read_from_the_engine_log(tmp_path: Path) -> None:
+    text = "\n".join([  # vLLM 0.34.0's lines, as logged in docs/data/2026-12-04-orders
+        "(EngineCore pid=1) INFO 12-04 16:09:08 [gpu_worker.py:795] Available KV cache memory: 36.57 GiB",
+        "(EngineCore pid=1) INFO 12-04 16:09:14 [model_runner.py:1216] Graph capturing finished in 2 secs, "
+        "took 2.05 GiB",
+        "(EngineCore pid=1) INFO 12-04 16:09:14 [kv_cache_utils.py:1168] GPU KV cache size: 311,296 tokens, "
+        "Maximum concurrency for 1,024 tokens per request: 304.00x",
+    ])  # fmt: skip
+    record = logs.analyse_log(text, tmp_path / "trim.log")
+    assert record["vllm_available_kv_gib"] == 36.57 and record["vllm_kv_tokens"] == 311_296
+    assert record["vllm_took_gib"] == 2.05
+
+
+def _boot(model: str, order: str, r: int, took: float, pool: int, drop: int, secs: float) -> dict[str, Any]:
+    return {"boot_id": f"r{r}-{model}-{order}-plugin", "model": model, "order": order, "arm": "plugin",
+            "ok": True, "vllm_took_gib": took, "receipt_graph_pool_reserved_bytes": pool,
+            "receipt_graph_memory_bytes": drop, "receipt_capture_seconds": secs,
+            "vllm_kv_tokens": 311_296}  # fmt: skip
+
+
+def test_the_order_table_gives_every_boot_and_the_ratios_to_vllms_order(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    gib = 1 << 30
+    boots = [
+        _boot("k3", "descending", 0, 2.05, 2 * gib, 2 * gib, 0.6),
+        _boot("k3", "descending", 1, 2.05, 2 * gib, 2 * gib, 0.8),
+        _boot("k3", "full-first", 0, 2.04, 2 * gib, 4 * gib, 0.7),
+        _boot("k3", "full-first", 1, 2.04, 2 * gib, 4 * gib, 0.9),
+        {**_boot("k3", "ascending", 0, 9.0, 9 * gib, 9 * gib, 1.0), "arm": "stock"},  # not the plugin's
+    ]
+    summary.orders(boots)
+    rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| k3 |")]
+    assert [row.split(" | ")[1] for row in rows] == ["descending", "full-first"]  # vLLM's order first
+    cells = rows[1].strip("| ").split(" | ")
+    assert cells[2] == "2" and cells[3] == "2.04 (2.04, 2.04)" and cells[4] == "2.000 (2.000, 2.000)"
+    assert cells[8:] == ["0.995", "1.000", "2.000", "1.143", "1.000"]  # took, pool, drop, seconds, KV
+    summary.plot_orders(boots, tmp_path / "study.png")
+    assert (tmp_path / "study.png").read_bytes()[:4] == b"\x89PNG"
+    args = argparse.Namespace(directory=str(tmp_path / "none"), faults=False, plot=None)
+    assert summary.summarize(args) == 0  # no records: the tables' headers only
