@@ -289,6 +289,7 @@ def test_profiling_pass_keeps_vllms_order(monkeypatch: pytest.MonkeyPatch, tmp_p
     assert receipt["kind"] == "profiling" and receipt["policy"] == "descending"
     assert receipt["requested_policy"] == "ascending"
     assert receipt["captured_sequence"]["FULL"] == [128, 120]
+    assert receipt["captured_modes"] == ["PIECEWISE"] * 51 + ["FULL"] * 2  # the sample, as captured
 
 
 def test_receipt_of_a_real_capture(monkeypatch: pytest.MonkeyPatch, tmp_path: Any) -> None:

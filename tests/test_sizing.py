@@ -3,12 +3,18 @@
 from __future__ import annotations
 
 import enum
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
 from fakes import FULL, PIECEWISE, Desc, descs
 
-from vllm_staging_plugin._engine.sizing import capture_sequence, staging_bytes, staging_capacity
+from vllm_staging_plugin._engine.sizing import (
+    capture_sequence,
+    captured_modes,
+    staging_bytes,
+    staging_capacity,
+)
 
 GraphMode = enum.Enum("GraphMode", "PIECEWISE FULL")  # like vLLM's CUDAGraphMode: str() is not the name
 
@@ -33,6 +39,18 @@ def test_capture_sequence_is_keyed_by_mode_name_piecewise_first_unknown_modes_la
     )
     assert list(sequence.items()) == [("PIECEWISE", [4]), ("FULL", [2, 1]), ("NEW_MODE", [3])]
     assert capture_sequence({}) == {}
+
+
+def test_a_list_mixing_the_modes_is_named_by_its_modes_and_each_step_keeps_its_own() -> None:
+    mixed = [Desc(FULL, 9), Desc(PIECEWISE, 8), Desc(FULL, 3)]  # an order across the modes, under one key
+    assert capture_sequence({FULL: mixed}) == {"FULL+PIECEWISE": [9, 8, 3]}
+    assert captured_modes({FULL: mixed}) == ["FULL", "PIECEWISE", "FULL"]
+    vllms = {FULL: descs(FULL, [2]), PIECEWISE: descs(PIECEWISE, [4, 1])}  # vLLM's dict: FULL first
+    assert captured_modes(vllms) == ["PIECEWISE", "PIECEWISE", "FULL"]  # captured PIECEWISE first
+    bare = SimpleNamespace(num_tokens=4)  # a descriptor without cg_mode is its list's mode
+    assert captured_modes({PIECEWISE: [bare]}) == ["PIECEWISE"]
+    assert capture_sequence({PIECEWISE: [bare, Desc(FULL, 1)]}) == {"PIECEWISE+FULL": [4, 1]}
+    assert captured_modes({}) == []
 
 
 def test_staging_bytes() -> None:
