@@ -67,12 +67,12 @@ def summarize(args: argparse.Namespace) -> int:
 
 
 GIB = 1 << 30
-ORDER_FIGURES = (  # (record field, column, scale): the order study's per-boot figures
-    ("vllm_took_gib", 'graph memory, vLLM\'s "took" (GiB)', 1),
-    ("receipt_graph_pool_reserved_bytes", "graph pool, receipt (GiB)", GIB),
-    ("receipt_graph_memory_bytes", "free-memory drop over the manager's capture, receipt (GiB)", GIB),
-    ("receipt_capture_seconds", "capture s (receipt)", 1),
-    ("vllm_kv_tokens", "KV cache tokens", 1),
+ORDER_FIGURES = (  # (record field, column, its ratio's name, scale): the order study's per-boot figures
+    ("vllm_took_gib", 'graph memory, vLLM\'s "took" (GiB)', "graph memory", 1),
+    ("receipt_graph_pool_reserved_bytes", "graph pool, receipt (GiB)", "pool", GIB),
+    ("receipt_graph_memory_bytes", "free-memory drop over the manager's capture, receipt (GiB)", "drop", GIB),
+    ("receipt_capture_seconds", "capture s (receipt)", "capture s", 1),
+    ("vllm_kv_tokens", "KV cache tokens", "KV tokens", 1),
 )
 
 
@@ -88,23 +88,19 @@ def order_cells(boots: list[dict[str, Any]]) -> dict[tuple[str, str], list[dict[
 def orders(boots: list[dict[str, Any]]) -> None:
     """Per model and order: every boot's figures (median first), and the medians over vLLM's order."""
     cells = order_cells(boots)
-    header = ("model", "order", "N", *(c for _, c, _ in ORDER_FIGURES), "graph memory / descending",
-              "pool / descending", "drop / descending", "capture s / descending",
-              "KV tokens / descending")  # fmt: skip
+    header = ("model", "order", "N", *(column for _, column, _, _ in ORDER_FIGURES),
+              *(f"{ratio} / descending" for _, _, ratio, _ in ORDER_FIGURES))  # fmt: skip
     print("| " + " | ".join(header) + " |")
     print("|" + "---|" * len(header))
     for (model, order), items in sorted(cells.items(), key=lambda kv: (kv[0][0], _order_rank(kv[0][1]))):
         base = cells.get((model, "descending"), [])
-        cols = [_values(items, field, scale) for field, _, scale in ORDER_FIGURES]
-        ratios = [_ratio(items, base, f, s) for f, s in (("vllm_took_gib", 1),
-                  ("receipt_graph_pool_reserved_bytes", GIB), ("receipt_graph_memory_bytes", GIB),
-                  ("receipt_capture_seconds", 1), ("vllm_kv_tokens", 1))]  # fmt: skip
+        cols = [_values(items, field, scale) for field, _, _, scale in ORDER_FIGURES]
+        ratios = [_ratio(items, base, field, scale) for field, _, _, scale in ORDER_FIGURES]
         print(f"| {model} | {order} | {len(items)} | {' | '.join(cols)} | {' | '.join(ratios)} |")
 
 
 def _order_rank(order: str) -> tuple[int, str]:
-    known = ORDERS
-    return (known.index(order) if order in known else len(known), order)
+    return (ORDERS.index(order) if order in ORDERS else len(ORDERS), order)
 
 
 def _figures(items: list[dict[str, Any]], field: str, scale: float) -> list[float]:

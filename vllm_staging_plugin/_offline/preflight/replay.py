@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..._engine.settings import Settings
+from ..._engine.sizing import capture_sequence, mode_rank
 from .. import cpu_replay, seams
 from .result import Arm
 
@@ -67,8 +68,6 @@ def replay_arm(
 ) -> tuple[Arm, dict[str, list[int]]]:
     """One real capture() of a manager built from ``vllm_config`` at ``stage``, stock or patched with
     ``settings``; returns the arm and vLLM's plan."""
-    from ..._engine.sizing import capture_sequence
-
     cfg = cpu_replay.ReplayConfig(
         mode=inputs.cudagraph_mode,
         sizes=list(vllm_config.compilation_config.cudagraph_capture_sizes or []),
@@ -105,8 +104,6 @@ def replay_arm(
 def _ran(forwards: list[int], walked: dict[Any, list[Any]]) -> list[tuple[Any, Any, Any]]:
     """(list key, mode, descriptor) of each descriptor the capture ran, in order: the loop walks the lists
     PIECEWISE first, each descriptor in its own mode, two forwards each (warm-up, capture)."""
-    from ..._engine.sizing import mode_rank
-
     flat = [
         (key, getattr(d, "cg_mode", key), d) for key in sorted(walked, key=mode_rank) for d in walked[key]
     ]
@@ -114,8 +111,6 @@ def _ran(forwards: list[int], walked: dict[Any, list[Any]]) -> list[tuple[Any, A
 
 
 def _sequence(ran: list[tuple[Any, Any, Any]]) -> dict[str, list[int]]:
-    from ..._engine.sizing import capture_sequence
-
     lists: dict[Any, list[Any]] = {}
     for key, _, desc in ran:
         lists.setdefault(key, []).append(desc)
