@@ -98,8 +98,9 @@
 #              Qwen3-8B shape at vLLM's default grid and Kimi-K3 as deployed (v034-k3's deployment), two
 #              boots per order and model, one boot at a time on the GPU (vLLM's "took" reads the device's
 #              free memory), the models alternating and the orders interleaved round by round; calling it
-#              again fills what the last call left; ORDERS="a b ..." narrows the orders of a call (FILL_TO
-#              sets N, default 2). A boot takes about 40-60 s once each model compiled.  4+ calls of ~9.5 min
+#              again fills what the last call left; ORDERS="a b ..." narrows the orders of a call and
+#              MODELS="qwen3-8b" (or kimi-k3-mxfp4-dspark8) its models (FILL_TO sets N, default 2). A boot
+#              takes about 20-90 s once each model compiled.                       4+ calls of ~9.5 min
 #   v033-order the same study on vLLM 0.33.0 (payload: build-payload.sh 0.33.0), where the plugin pre-sizes.
 #   decode     steady-state decode tokens/s, vanilla vs plugin under the default order, batch 1 and 64,
 #              Qwen3-0.6B on GPU 0 and Qwen3-8B on GPU 1, N=3 ABBA.                    about 5 min
@@ -119,6 +120,11 @@ if [[ $dry != 1 ]]; then
   [[ -f /tmp/site/env.sh ]] || { echo "no /tmp/site/env.sh: stage the payload first (bash .gpu/pK/device-stage.sh)"; exit 3; }
   # shellcheck disable=SC1091
   source /tmp/site/env.sh
+  # One Inductor and vLLM cache per staged release: vLLM torch.compiles small helpers (grouped_topk) whose
+  # cached code Inductor would hand to another release's custom ops on the same machine (0.34.0's code
+  # called 0.33.0's 8-argument _moe_C.grouped_topk with 9 arguments in every K3 boot).
+  staged=$(basename /tmp/site/vllm-*.dist-info .dist-info)
+  export TORCHINDUCTOR_CACHE_DIR=/tmp/inductor-$staged VLLM_CACHE_ROOT=/tmp/vllm-cache-$staged
   $py -m pip install -q --no-index --no-deps --no-build-isolation --upgrade --target /tmp/site . \
     || { echo "could not install the plugin into /tmp/site"; exit 4; }
 fi
@@ -242,10 +248,11 @@ $b5=vanilla$d,$b5=plugin$d,$b7=vanilla$d,$b7=plugin$d" ;;
           --boot-timeout 420 --serve-plan "$kl=plugin$d*2" --plan "$kl-workaround=vanilla$d*2,$kl=plugin$d*3" ;;
   v033-order|v034-order)  # the same plan on whichever payload is staged (the stage names the release)
     q=qwen3-8b; k=kimi-k3-mxfp4-dspark8; plan=""
+    models=${MODELS:-$q $k}  # MODELS="kimi-k3-mxfp4-dspark8" narrows a call to one model
     for o in ${ORDERS:-descending ascending max-first shuffle:1 full-first size-descending interleaved}; do
-      plan+="$q=plugin@$o,$k=plugin@$o,"
+      for m in $models; do plan+="$m=plugin@$o,"; done
     done
-    study --models "$q,$k" --fill-to "${FILL_TO:-2}" --concurrent 1 --per-gpu 1 --gpu-mem 0.7 --boot-timeout 480 \
+    study --models "${models// /,}" --fill-to "${FILL_TO:-2}" --concurrent 1 --per-gpu 1 --gpu-mem 0.7 --boot-timeout 480 \
           --plan "${plan%,}" ;;
   v034-kda-decode)
     kl=kimi-linear-4l-dense-k3; t=$(left)
