@@ -27,6 +27,13 @@ KIMI_LINEAR_4_LAYERS: dict[str, Any] = {
                            "num_heads": 32, "short_conv_kernel_size": 4},
     "tie_word_embeddings": False, "torch_dtype": "bfloat16", "bos_token_id": 163584, "eos_token_id": 163585,
 }  # fmt: skip
+# A config-only EAGLE drafter at the Kimi-Linear widths (vLLM's EagleLlamaForCausalLM, one layer)
+KIMI_LINEAR_EAGLE: dict[str, Any] = {
+    "architectures": ["EagleLlamaForCausalLM"], "model_type": "llama", "hidden_size": 2304,
+    "intermediate_size": 9216, "num_hidden_layers": 1, "num_attention_heads": 32, "num_key_value_heads": 8,
+    "head_dim": 72, "vocab_size": 163840, "max_position_embeddings": 4096, "rms_norm_eps": 1e-5,
+    "torch_dtype": "bfloat16", "tie_word_embeddings": False,
+}  # fmt: skip
 NO_WEIGHTS = ["--load-format", "dummy", "--skip-tokenizer-init"]
 KIMI_CRASH = [  # the small recover-SSM configuration: n-gram 2 tokens, 4 sequences, an operator-set grid
     "--max-num-seqs", "4", "--use-replayssm",
@@ -39,7 +46,11 @@ K3: dict[str, Any] = json.loads((K3_4_LAYERS / "config.json").read_text())
 K3_DRAFTERS = {b: Path(__file__).parent / "data" / f"kimi-k3-dspark-b{b}" for b in (5, 7, 8)}
 _DRAFTER_CONFIGS = [json.loads((path / "config.json").read_text()) for path in K3_DRAFTERS.values()]
 ARCHITECTURES = sorted(
-    {a for c in (QWEN3_0_6B, KIMI_LINEAR_4_LAYERS, K3, *_DRAFTER_CONFIGS) for a in c["architectures"]}
+    {
+        a
+        for c in (QWEN3_0_6B, KIMI_LINEAR_4_LAYERS, KIMI_LINEAR_EAGLE, K3, *_DRAFTER_CONFIGS)
+        for a in c["architectures"]
+    }
 )
 
 

@@ -3,6 +3,9 @@ tests of the seams and of the KDA fix share it)."""
 
 from __future__ import annotations
 
+import argparse
+import contextlib
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -10,6 +13,8 @@ from configs import NO_WEIGHTS
 
 from vllm_staging_plugin._offline.preflight import arguments, configure
 from vllm_staging_plugin._offline.preflight.platform import GPUS, platform_for_check
+from vllm_staging_plugin._offline.scoped import attributes
+from vllm_staging_plugin._offline.seams import platform as platform_seam
 
 preflight_release = pytest.mark.skipif(
     not arguments.has_serve_parser(),
@@ -20,10 +25,34 @@ NGRAM_8 = ["--max-num-seqs", "48", "--speculative-config",
 
 
 def vllm_config(model: str, *words: str) -> Any:
-    """vLLM's own VllmConfig for ``vllm serve MODEL WORDS``, built as the pre-flight builds it."""
-    with platform_for_check(GPUS["h200"]) as (platform, emulated):
-        if emulated:
-            type(platform).emulated_count = 8  # one node of eight
-        args = arguments.parse_serve_arguments([model, *NO_WEIGHTS, *words])
+    """vLLM's own VllmConfig for ``vllm serve MODEL WORDS``, built as the pre-flight builds it; on a vLLM
+    without the serve parser the pre-flight builds on (before 0.33.0), from vLLM's engine-argument parser,
+    which ``vllm serve`` extends (the same engine options)."""
+    with check_platform():
+        if arguments.has_serve_parser():
+            args = arguments.parse_serve_arguments([model, *NO_WEIGHTS, *words])
+        else:
+            args = _engine_arguments(["--model", model, *NO_WEIGHTS, *words])
         configure.inspect_model_classes(str(args.model))
         return configure.create_engine_config(args)
+
+
+@contextlib.contextmanager
+def check_platform() -> Iterator[None]:
+    """The pre-flight's platform (an H200 node of eight, emulated on a machine without one); on a vLLM
+    without the serve parser, the other platform-branching modules imported first."""
+    serve = arguments.has_serve_parser()
+    present = {"PLATFORM_BRANCHING_MODULES": tuple(name for name in platform_seam.PLATFORM_BRANCHING_MODULES
+                                                   if serve or name != arguments.PARSER_MODULE)}  # fmt: skip
+    with attributes(platform_seam, present), platform_for_check(GPUS["h200"]) as (platform, emulated):
+        if emulated:
+            type(platform).emulated_count = 8  # one node of eight
+        yield
+
+
+def _engine_arguments(argv: list[str]) -> argparse.Namespace:
+    from vllm.engine.arg_utils import AsyncEngineArgs
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    parsed: argparse.Namespace = AsyncEngineArgs.add_cli_args(FlexibleArgumentParser()).parse_args(argv)
+    return parsed

@@ -7,7 +7,7 @@ patch, then run the release tests with that overlay first on PYTHONPATH:
 
   supported -> tests/test_contract_vllm.py, tests/test_contract_guarantees.py, tests/test_properties.py,
                tests/test_contract_replay_loop.py, tests/test_cli.py, tests/test_release_support.py,
-               tests/test_seams.py
+               tests/test_seams.py, tests/test_contract_kda_slots.py
   refused   -> tests/test_release_support.py (the plugin leaves vLLM untouched, one warning)
 
   .venv/bin/python tools/compat_matrix.py 0.18.0 0.24.0 [--json rows.json]   # prints a markdown table
@@ -42,6 +42,7 @@ SUPPORTED_TESTS = [
     "tests/test_cli.py",
     "tests/test_release_support.py",
     "tests/test_seams.py",
+    "tests/test_contract_kda_slots.py",
 ]
 REFUSED_TESTS = ["tests/test_release_support.py"]
 SUMMARY = re.compile(r"(\d+) (passed|failed|skipped|error|errors)")

@@ -91,13 +91,20 @@ def _kda_layer_class(vllm_config: Any, model_cls: Any) -> Any:
 def _host_copies() -> Iterator[None]:
     """vLLM's host-to-device helper stages copies in pinned memory when its platform says CUDA; on this
     CPU-only machine nothing can be pinned. Private: ``PIN_MEMORY`` of ``vllm.utils.torch_utils`` and its
-    copy in ``vllm.v1.attention.backends.utils`` (0.33.0), read at each call; a module that moves raises
-    ImportError, and a flag read under another name makes the metadata build fail on pinning: either way
-    the serving check reports that it could not be made."""
+    copy in ``vllm.v1.attention.backends.utils`` (0.33.0, 0.34.0), read at each call, and the
+    ``is_pin_memory_available`` that ``vllm.utils.torch_utils`` imports, which 0.32.0's helper asks at
+    each call instead; a module that moves raises ImportError, and a flag read under another name makes
+    the metadata build fail on pinning: either way the serving check reports that it could not be made."""
     import vllm.utils.torch_utils as torch_utils
     import vllm.v1.attention.backends.utils as backend_utils
 
-    with attributes(torch_utils, {"PIN_MEMORY": False}), attributes(backend_utils, {"PIN_MEMORY": False}):
+    def no_pinning() -> bool:
+        return False
+
+    with (
+        attributes(torch_utils, {"PIN_MEMORY": False, "is_pin_memory_available": no_pinning}),
+        attributes(backend_utils, {"PIN_MEMORY": False}),
+    ):
         yield
 
 
