@@ -1,9 +1,9 @@
 """Contract tests of the KDA state-slot fix (``_engine/kda_slots.py``) against the installed vLLM: vLLM's real
 GDN metadata builder, built on CPU from the layer's spec (``seams.kda_mixed_step``), hands the speculative
 kernel a one-column state index on a mixed step without the plugin and a full-width one with it; Kimi-K3's
-own KDA layer is left alone; on a vLLM that already keeps the slots the plugin stands down. Each test runs
-with two drafters: vLLM's n-gram (the GPU runs') and an EAGLE drafter, which the Model Runner V2 of
-0.30.0-0.31.0 takes where it refuses n-gram."""
+own KDA layer is left alone; on a vLLM that already keeps the slots the plugin stands down. Each Kimi-Linear
+test runs with two drafters: vLLM's n-gram (the GPU runs') and an EAGLE drafter, which the Model Runner V2
+of 0.29.0-0.31.0 takes where it refuses n-gram."""
 
 from __future__ import annotations
 
@@ -29,7 +29,7 @@ pytestmark = [pytest.mark.contract, pytest.mark.usefixtures("model_inspection_ca
 kimi_gdn = pytest.importorskip(kda_slots.KDA_MODULE, reason="this vLLM has no shared Kimi KDA layer")
 if not hasattr(pytest.importorskip("vllm.config").CacheConfig, "use_replayssm"):  # 0.24.0 has none
     pytest.skip("this vLLM has no --use-replayssm, whose one slot the fix is about", allow_module_level=True)
-# --use-replayssm in the 'align' cache mode (prefix caching on) needs Model Runner V2 on 0.30.0-0.33.0,
+# --use-replayssm in the 'align' cache mode (prefix caching on) needs Model Runner V2 on 0.29.0-0.33.0,
 # which 0.33.0 picks by itself; 0.34.0 has no other runner and no such variable
 V2 = {"VLLM_USE_V2_MODEL_RUNNER": "1"}
 

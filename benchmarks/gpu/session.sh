@@ -100,7 +100,7 @@
 #              free memory), the models alternating and the orders interleaved round by round; calling it
 #              again fills what the last call left; ORDERS="a b ..." narrows the orders of a call and
 #              MODELS="qwen3-8b" (or kimi-k3-mxfp4-dspark8) its models (FILL_TO sets N, default 2). A boot
-#              takes about 20-90 s once each model compiled.                       4+ calls of ~9.5 min
+#              takes about 15-80 s once each model compiled.                       4+ calls of ~9.5 min
 #   v033-order the same study on vLLM 0.33.0 (payload: build-payload.sh 0.33.0), where the plugin pre-sizes.
 #   decode     steady-state decode tokens/s, vanilla vs plugin under the default order, batch 1 and 64,
 #              Qwen3-0.6B on GPU 0 and Qwen3-8B on GPU 1, N=3 ABBA.                    about 5 min
