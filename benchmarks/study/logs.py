@@ -15,7 +15,7 @@ PROFILE_AND_REAL = "profiling pass first, real capture last"
 CAPTURE_LINE = re.compile(r"Graph capturing finished in ([\d.]+) secs?, took ([\d.]+) GiB")
 POOL_LINE = re.compile(r"CUDA graph pool memory: ([\d.]+) GiB \(actual\), ([\d.]+) GiB \(estimated\)")
 KV_LINE = "Available KV cache memory"  # the worker's memory profiling is over
-KV_AVAILABLE = re.compile(r"Available KV cache memory: ([\d.]+) GiB")
+KV_AVAILABLE = re.compile(KV_LINE + r": ([\d.]+) GiB")
 KV_TOKENS = re.compile(r"GPU KV cache size: ([\d,]+) tokens")
 KEEP = re.compile(
     r"staging|Graph capturing|CUDA graph pool|Error|error|Model Runner|Traceback|KV cache memory"

@@ -156,7 +156,7 @@ def plot_orders(boots: list[dict[str, Any]], path: Path) -> None:
 
 
 def _median(items: list[dict[str, Any]], key: str) -> str:
-    values = [b[key] for b in items if b.get(key) is not None]
+    values = _figures(items, key, 1)
     return f"{statistics.median(values):g}" if values else "-"
 
 

@@ -62,6 +62,7 @@ def captured_modes(capture_descs: Mapping[Any, Sequence[Descriptor]]) -> list[st
 
 def _list_name(mode: Any, descs: Sequence[Descriptor]) -> str:
     modes = dict.fromkeys(map(getattr, descs, repeat("cg_mode"), repeat(mode)))  # no frame per descriptor
+    # mode_name inlined: one list per mode in every capture, and the footprint test counts its frames
     return "+".join([mode_name(m) for m in modes]) if len(modes) > 1 else str(getattr(mode, "name", mode))
 
 
