@@ -8,6 +8,7 @@ import json
 import os
 import subprocess
 import sys
+import tarfile
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +18,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))  # the study package, as benchmarks/order_study.py imports it
 
 from study import logs, summary  # noqa: E402
-from study.plan import ORDERS  # noqa: E402
+from study.plan import ORDERS, STOPPED  # noqa: E402
+from study.scheduler import typical_wall  # noqa: E402
 
 from vllm_staging_plugin._engine.policies import BuiltinPolicies  # noqa: E402
 
@@ -34,7 +36,7 @@ def test_the_stage_plans_the_asked_orders_and_models_one_boot_at_a_time(
     tmp_path: Path, models: str | None, planned: tuple[str, ...]
 ) -> None:
     env = os.environ | {"DRY_RUN": "1", "PYTHON": sys.executable, "OUT": str(tmp_path),
-                        "ORDERS": "full-first interleaved"}  # fmt: skip
+                        "STUDY_DIR": str(tmp_path / "study"), "ORDERS": "full-first interleaved"}  # fmt: skip
     env |= {"MODELS": models} if models else {}
     run = subprocess.run(["bash", "benchmarks/gpu/session.sh", "v034-order"], cwd=ROOT, env=env,
                          capture_output=True, text=True, timeout=300)  # fmt: skip
@@ -46,6 +48,48 @@ def test_the_stage_plans_the_asked_orders_and_models_one_boot_at_a_time(
     assert "up to 1 at once, 1 per GPU" in run.stdout  # vLLM's "took" reads the whole device
     for line in lines:
         assert json.loads(line.split(" ", 4)[4].rsplit(" env=", 1)[0])["gpu_memory_utilization"] == 0.7
+
+
+def test_a_seeded_stage_boots_only_what_the_earlier_archive_lacks(tmp_path: Path) -> None:
+    def record(r: int, order: str, **extra: Any) -> dict[str, Any]:
+        return {"boot_id": f"r{r}-qwen3-8b-{order}-plugin", "model": "qwen3-8b", "order": order,
+                "arm": "plugin", "round": r, "ok": True} | extra  # fmt: skip
+
+    archive, boots = tmp_path / "earlier.tar.gz", tmp_path / "earlier" / "boots"
+    boots.mkdir(parents=True)
+    for b in (record(0, "full-first"), record(1, "full-first"),
+              record(5, "interleaved", ok=False, error=f"{STOPPED} the study was stopped")):  # fmt: skip
+        (boots / f"{b['boot_id']}.json").write_text(json.dumps(b))
+    (tmp_path / "earlier" / "env.txt").write_text("0, NVIDIA H200, 580.159.04, 143771 MiB\n")
+    with tarfile.open(archive, "w:gz") as tar:
+        tar.add(boots, "boots")
+        tar.add(tmp_path / "earlier" / "env.txt", "env.txt")
+    env = os.environ | {"DRY_RUN": "1", "PYTHON": sys.executable, "OUT": str(tmp_path / "out"),
+                        "STUDY_DIR": str(tmp_path / "study"), "ORDERS": "full-first interleaved",
+                        "MODELS": "qwen3-8b", "SEED": str(archive)}  # fmt: skip
+    run = subprocess.run(["bash", "benchmarks/gpu/session.sh", "v033-order"], cwd=ROOT, env=env,
+                         capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert run.returncode == 0, run.stderr
+    booted = [line.split()[2] for line in run.stdout.splitlines() if line.startswith("would boot")]
+    # full-first has its two; the stopped boot is no measurement, and numbering follows the last counted
+    assert booted == ["r2-qwen3-8b-interleaved-plugin", "r3-qwen3-8b-interleaved-plugin"]
+    with tarfile.open(tmp_path / "out" / "v033-order.tar.gz") as tar:
+        names = tar.getnames()
+    assert "boots/r1-qwen3-8b-full-first-plugin.json" in names and "seed-env/earlier.txt" in names
+    assert "| qwen3-8b | 1 | 1 | mp | llm | full-first | plugin | 2/2 |" in run.stdout  # pooled
+    env["SEED"] = str(tmp_path / "missing.tar.gz")
+    bad = subprocess.run(["bash", "benchmarks/gpu/session.sh", "v033-order"], cwd=ROOT, env=env,
+                         capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert bad.returncode == 5 and "SEED: cannot unpack" in bad.stdout
+
+
+def test_the_deadline_expects_a_typical_boot_not_a_compiling_one() -> None:
+    walls = {"k3": [244.0]}  # the model's first boot compiled (vLLM 0.33.0, one H200)
+    assert typical_wall("k3", walls) == 60.0
+    walls["qwen3"] = [161.0, 65.0, 63.0]
+    assert typical_wall("k3", walls) == typical_wall("qwen3", walls) == 64.0  # the later boots
+    walls["k3"].append(74.0)
+    assert typical_wall("k3", walls) == 74.0
 
 
 def test_the_kv_cache_lines_are_read_from_the_engine_log(tmp_path: Path) -> None:

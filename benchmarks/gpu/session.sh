@@ -4,10 +4,13 @@
 # is staged (bash .gpu/pK/device-stage.sh for every part; the last prints READY):
 #   bash benchmarks/gpu/session.sh kda|kda-dense|k3-control|kda-fault|k3|tp|...
 # It installs the plugin into /tmp/site (so vLLM finds its entry point the real way), runs the stage's
-# boots under a deadline (no boot starts unless 1.3x the median boot still fits) and an outer `timeout`,
-# packs records, receipts, trimmed logs (full logs too while small), versions and the summary into
-# $OUT/<stage>.tar.gz, and prints the summary table last. Records live in /tmp/study/<stage>: calling a
-# stage again on the same warm machine runs only the boots still missing (--fill-to).
+# boots under a deadline (no boot starts unless 1.3x the model's typical boot still fits, its first boot
+# of the call, which may compile, left out) and an outer `timeout`, packs records, receipts, trimmed logs
+# (full logs too while small), versions and the summary into $OUT/<stage>.tar.gz, and prints the summary
+# table last. Records live in $STUDY_DIR/<stage> (default /tmp/study): calling a stage again on the same
+# warm machine runs only the boots still missing (--fill-to). SEED="a.tar.gz ..." (stage archives of
+# earlier machines, paths from the project root) copies their boots, receipts and logs in first: they
+# count as done, and this call's archive and summary hold them beside its own (their env.txt in seed-env/).
 # DRY_RUN=1 (any machine, with python3 having vLLM importable): installs nothing, prints the boots.
 #
 #   kda        Kimi-Linear 4-layer shape, n-gram 2 tokens, --use-replayssm, max_num_seqs 4, grid [1..16]:
@@ -114,8 +117,18 @@ py=${PYTHON:-python3}
 [[ $py == */* && $py != /* ]] && py=$root/$py  # the summary runs from the stage's folder
 budget=${STAGE_BUDGET:-510}
 out=${OUT:-/tmp/out}
-work=/tmp/study/$stage
+work=${STUDY_DIR:-/tmp/study}/$stage
 mkdir -p "$out" "$work"
+for seed in ${SEED:-}; do  # an earlier machine's records count as done here (see the header)
+  unpacked=$(mktemp -d)
+  tar -xzf "$seed" -C "$unpacked" || { echo "SEED: cannot unpack $seed"; exit 5; }
+  for d in boots receipts logs; do
+    [[ -d $unpacked/$d ]] && mkdir -p "$work/$d" && cp -rn "$unpacked/$d/." "$work/$d/"
+  done
+  [[ -f $unpacked/env.txt ]] && mkdir -p "$work/seed-env" && cp "$unpacked/env.txt" "$work/seed-env/$(basename "$seed" .tar.gz).txt"
+  rm -rf "$unpacked"
+  echo "seeded from $seed: $(ls "$work/boots" | wc -l) boot records here"
+done
 if [[ $dry != 1 ]]; then
   [[ -f /tmp/site/env.sh ]] || { echo "no /tmp/site/env.sh: stage the payload first (bash .gpu/pK/device-stage.sh)"; exit 3; }
   # shellcheck disable=SC1091
@@ -311,6 +324,7 @@ if [[ -d $logs && $(du -sm "$logs" | cut -f1) -lt 60 ]]; then keep+=("$logs"); e
 [[ -f ray-cluster.txt ]] && keep+=(ray-cluster.txt)
 for f in memcheck-*.txt; do [[ -f $f ]] && keep+=("$f"); done
 [[ -f order-study.png ]] && keep+=(order-study.png)
+[[ -d seed-env ]] && keep+=(seed-env)  # the seeding machines' versions
 tar czf "$out/$stage.tar.gz" --ignore-failed-read env.txt summary.md models "${keep[@]}" 2>/dev/null
 ls -la "$out"
 echo "== $stage summary ($SECONDS s) =="
