@@ -17,7 +17,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))  # the study package, as benchmarks/order_study.py imports it
 
-from study import logs, summary  # noqa: E402
+from study import boot, logs, summary  # noqa: E402
 from study.plan import ORDERS, STOPPED  # noqa: E402
 from study.scheduler import typical_wall  # noqa: E402
 
@@ -90,6 +90,27 @@ def test_the_deadline_expects_a_typical_boot_not_a_compiling_one() -> None:
     assert typical_wall("k3", walls) == typical_wall("qwen3", walls) == 64.0  # the later boots
     walls["k3"].append(74.0)
     assert typical_wall("k3", walls) == 74.0
+
+
+def test_asking_a_worker_for_its_ray_actor_starts_no_ray(monkeypatch: pytest.MonkeyPatch) -> None:
+    started: list[str] = []
+
+    class Ray:  # a module vLLM imported without connecting it; get_runtime_context() auto-starts Ray
+        connected = False
+
+        def is_initialized(self) -> bool:
+            return self.connected
+
+        def get_runtime_context(self) -> Any:
+            started.append("ray.init")
+            return argparse.Namespace(get_actor_id=lambda: "actor-1")
+
+    ray = Ray()
+    monkeypatch.setitem(sys.modules, "ray", ray)
+    worker = argparse.Namespace(rank=0, model_runner=None)
+    assert boot.runner_of(worker)["ray_actor_id"] is None and started == []
+    ray.connected = True  # a Ray actor
+    assert boot.runner_of(worker)["ray_actor_id"] == "actor-1"
 
 
 def test_the_kv_cache_lines_are_read_from_the_engine_log(tmp_path: Path) -> None:

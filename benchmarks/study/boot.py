@@ -80,9 +80,10 @@ def runner_of(worker: Any) -> dict[str, Any]:
     runner = getattr(worker, "model_runner", None)
     cls = type(runner)
     ray_actor = None
-    if "ray" in sys.modules:
+    ray = sys.modules.get("ray")  # vLLM imports it; only a Ray worker has it connected
+    if ray is not None and ray.is_initialized():  # get_runtime_context() would start a local Ray instance
         with contextlib.suppress(Exception):
-            ray_actor = sys.modules["ray"].get_runtime_context().get_actor_id()
+            ray_actor = ray.get_runtime_context().get_actor_id()
     return {"rank": getattr(worker, "rank", None), "runner_class": f"{cls.__module__}.{cls.__qualname__}",
             "pid": os.getpid(), "ray_actor_id": ray_actor,
             "staging_plugin_order": os.environ.get("STAGING_PLUGIN_ORDER")}  # fmt: skip
