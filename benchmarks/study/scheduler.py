@@ -200,7 +200,7 @@ def run(args: argparse.Namespace) -> int:
 def typical_wall(model: str, walls: dict[str, list[float]]) -> float:
     """A boot's expected wall time: the median of the model's boots after its first in this run, else of
     every model's boots after their first, else 60 s. Each model's first boot on a fresh machine compiles
-    (2-4x a later one: 161 and 244 s against 63-145 s on vLLM 0.33.0) and would end the run early."""
+    (1.4-3.3x a later one: 161, 203 and 244 s against 64-144 s on vLLM 0.33.0) and would end the run early."""
     later = walls.get(model, [])[1:] or [w for ws in walls.values() for w in ws[1:]]
     return statistics.median(later) if later else 60.0
 
