@@ -31,15 +31,20 @@ def test_the_study_knows_every_builtin_order() -> None:
 BOTH = ("qwen3-8b", "kimi-k3-mxfp4-dspark8")
 
 
+def dry_run(tmp_path: Path, stage: str, **env: str) -> subprocess.CompletedProcess[str]:
+    """``session.sh STAGE`` planning only, its records and archive under ``tmp_path``."""
+    env = {"DRY_RUN": "1", "PYTHON": sys.executable, "OUT": str(tmp_path / "out"),
+           "STUDY_DIR": str(tmp_path / "study")} | env  # fmt: skip
+    return subprocess.run(["bash", "benchmarks/gpu/session.sh", stage], cwd=ROOT, env=os.environ | env,
+                          capture_output=True, text=True, timeout=300)  # fmt: skip
+
+
 @pytest.mark.parametrize(("models", "planned"), [(None, BOTH), ("kimi-k3-mxfp4-dspark8", BOTH[1:])])
 def test_the_stage_plans_the_asked_orders_and_models_one_boot_at_a_time(
     tmp_path: Path, models: str | None, planned: tuple[str, ...]
 ) -> None:
-    env = os.environ | {"DRY_RUN": "1", "PYTHON": sys.executable, "OUT": str(tmp_path),
-                        "STUDY_DIR": str(tmp_path / "study"), "ORDERS": "full-first interleaved"}  # fmt: skip
-    env |= {"MODELS": models} if models else {}
-    run = subprocess.run(["bash", "benchmarks/gpu/session.sh", "v034-order"], cwd=ROOT, env=env,
-                         capture_output=True, text=True, timeout=300)  # fmt: skip
+    narrowed = {"MODELS": models} if models else {}
+    run = dry_run(tmp_path, "v034-order", ORDERS="full-first interleaved", **narrowed)
     assert run.returncode == 0, run.stderr
     lines = [line for line in run.stdout.splitlines() if line.startswith("would boot")]
     booted = sorted(line.split()[2] for line in lines)
@@ -64,11 +69,8 @@ def test_a_seeded_stage_boots_only_what_the_earlier_archive_lacks(tmp_path: Path
     with tarfile.open(archive, "w:gz") as tar:
         tar.add(boots, "boots")
         tar.add(tmp_path / "earlier" / "env.txt", "env.txt")
-    env = os.environ | {"DRY_RUN": "1", "PYTHON": sys.executable, "OUT": str(tmp_path / "out"),
-                        "STUDY_DIR": str(tmp_path / "study"), "ORDERS": "full-first interleaved",
-                        "MODELS": "qwen3-8b", "SEED": str(archive)}  # fmt: skip
-    run = subprocess.run(["bash", "benchmarks/gpu/session.sh", "v033-order"], cwd=ROOT, env=env,
-                         capture_output=True, text=True, timeout=300)  # fmt: skip
+    plan = {"ORDERS": "full-first interleaved", "MODELS": "qwen3-8b"}
+    run = dry_run(tmp_path, "v033-order", **plan, SEED=str(archive))
     assert run.returncode == 0, run.stderr
     booted = [line.split()[2] for line in run.stdout.splitlines() if line.startswith("would boot")]
     # full-first has its two; the stopped boot is no measurement, and numbering follows the last counted
@@ -77,9 +79,7 @@ def test_a_seeded_stage_boots_only_what_the_earlier_archive_lacks(tmp_path: Path
         names = tar.getnames()
     assert "boots/r1-qwen3-8b-full-first-plugin.json" in names and "seed-env/earlier.txt" in names
     assert "| qwen3-8b | 1 | 1 | mp | llm | full-first | plugin | 2/2 |" in run.stdout  # pooled
-    env["SEED"] = str(tmp_path / "missing.tar.gz")
-    bad = subprocess.run(["bash", "benchmarks/gpu/session.sh", "v033-order"], cwd=ROOT, env=env,
-                         capture_output=True, text=True, timeout=60)  # fmt: skip
+    bad = dry_run(tmp_path, "v033-order", **plan, SEED=str(tmp_path / "missing.tar.gz"))
     assert bad.returncode == 5 and "SEED: cannot unpack" in bad.stdout
 
 
