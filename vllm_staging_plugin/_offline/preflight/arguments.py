@@ -19,8 +19,8 @@ PARSER_MODULE = "vllm.entrypoints.common.cli_args"  # `vllm serve`'s parser, whe
 
 
 def has_serve_parser() -> bool:
-    """Whether the installed vLLM has the ``vllm serve`` parser the check builds on (0.33.0; the plugin
-    itself supports 0.18.0-0.33.0)."""
+    """Whether the installed vLLM has the ``vllm serve`` parser the check builds on (0.33.0 and 0.34.0; the
+    plugin itself supports 0.18.0-0.34.0)."""
     try:
         return importlib.util.find_spec(PARSER_MODULE) is not None
     except ModuleNotFoundError:  # a parent package is missing
