@@ -60,6 +60,12 @@ def kimi_linear(tmp_path_factory: pytest.TempPathFactory) -> str:
     return folder
 
 
+@pytest.fixture(scope="module")
+def replayssm(kimi_linear: str, drafter: list[str]) -> tuple[str, ...]:
+    """``vllm serve`` words of the fault: the model with ``--use-replayssm`` and the drafter."""
+    return (kimi_linear, "--use-replayssm", *drafter)
+
+
 def columns(config: Any) -> tuple[int, int]:
     """The state index vLLM's builder hands the kernel, from the layer's spec as this process holds it."""
     step = seams.kda_mixed_step(config, as_installed=True)
@@ -82,9 +88,9 @@ def configs(*models_and_words: tuple[str, ...]) -> list[Any]:
 
 
 def test_the_kernel_gets_a_full_width_index_with_the_plugin_and_one_column_without(
-    kimi_linear: str, drafter: list[str], plugin_log: Any
+    replayssm: tuple[str, ...], plugin_log: Any
 ) -> None:
-    (config,) = configs((kimi_linear, "--use-replayssm", *drafter))
+    (config,) = configs(replayssm)
     assert columns(config) == (1, 9)  # stock: the fault
     vllm_staging_plugin.register()
     assert installed().kda.wrap is not None  # the module was imported: installed at once
@@ -102,11 +108,11 @@ def test_the_kernel_gets_a_full_width_index_with_the_plugin_and_one_column_witho
     assert columns(config) == (1, 9)
 
 
-def test_the_cost_is_the_upstream_patchs(kimi_linear: str, drafter: list[str], plugin_log: Any) -> None:
+def test_the_cost_is_the_upstream_patchs(replayssm: tuple[str, ...], plugin_log: Any) -> None:
     """Per request and layer, by vLLM's own accounting of the spec (prefix caching on: the 'align' cache
     mode holds 2 + num_speculative_blocks slots): 8 more slots of one request's state, as without
     --use-replayssm and as with kda-spec-state-slots.patch."""
-    (config,) = configs((kimi_linear, "--use-replayssm", *drafter))
+    (config,) = configs(replayssm)
     step = seams.kda_mixed_step(config)
     assert step is not None
     vllm_staging_plugin.register()
@@ -141,10 +147,8 @@ def test_kimi_k3s_own_kda_layer_is_left_alone(plugin_log: Any) -> None:
     assert not [m for m in plugin_log.at(20) if "KDA" in m]
 
 
-def test_the_variable_turns_it_off(
-    kimi_linear: str, drafter: list[str], monkeypatch: pytest.MonkeyPatch
-) -> None:
-    (config,) = configs((kimi_linear, "--use-replayssm", *drafter))
+def test_the_variable_turns_it_off(replayssm: tuple[str, ...], monkeypatch: pytest.MonkeyPatch) -> None:
+    (config,) = configs(replayssm)
     monkeypatch.setenv("STAGING_PLUGIN_KDA_FIX", "off")
     vllm_staging_plugin.register()
     assert installed().kda.wrap is None
@@ -153,9 +157,9 @@ def test_the_variable_turns_it_off(
 
 @pytest.mark.usefixtures("kda_fixed_vllm")
 def test_on_a_vllm_that_keeps_the_slots_the_plugin_stands_down(
-    kimi_linear: str, drafter: list[str], plugin_log: Any
+    replayssm: tuple[str, ...], plugin_log: Any
 ) -> None:
-    (config,) = configs((kimi_linear, "--use-replayssm", *drafter))
+    (config,) = configs(replayssm)
     vllm_staging_plugin.register()
     assert installed().kda.wrap is not None
     assert columns(config) == (9, 9)

@@ -16,8 +16,9 @@ from vllm_staging_plugin._offline.preflight.platform import GPUS, platform_for_c
 from vllm_staging_plugin._offline.scoped import attributes
 from vllm_staging_plugin._offline.seams import platform as platform_seam
 
+SERVE_PARSER = arguments.has_serve_parser()  # a fact of the installed vLLM: asked once
 preflight_release = pytest.mark.skipif(
-    not arguments.has_serve_parser(),
+    not SERVE_PARSER,
     reason="this vLLM lacks the parser the pre-flight builds on (vllm.entrypoints.common.cli_args)",
 )
 NGRAM_8 = ["--max-num-seqs", "48", "--speculative-config",
@@ -29,7 +30,7 @@ def vllm_config(model: str, *words: str) -> Any:
     without the serve parser the pre-flight builds on (before 0.33.0), from vLLM's engine-argument parser,
     which ``vllm serve`` extends (the same engine options)."""
     with check_platform():
-        if arguments.has_serve_parser():
+        if SERVE_PARSER:
             args = arguments.parse_serve_arguments([model, *NO_WEIGHTS, *words])
         else:
             args = _engine_arguments(["--model", model, *NO_WEIGHTS, *words])
@@ -41,9 +42,12 @@ def vllm_config(model: str, *words: str) -> Any:
 def check_platform() -> Iterator[None]:
     """The pre-flight's platform (an H200 node of eight, emulated on a machine without one); on a vLLM
     without the serve parser, the other platform-branching modules imported first."""
-    serve = arguments.has_serve_parser()
-    present = {"PLATFORM_BRANCHING_MODULES": tuple(name for name in platform_seam.PLATFORM_BRANCHING_MODULES
-                                                   if serve or name != arguments.PARSER_MODULE)}  # fmt: skip
+    branching = platform_seam.PLATFORM_BRANCHING_MODULES
+    present = {
+        "PLATFORM_BRANCHING_MODULES": tuple(
+            m for m in branching if SERVE_PARSER or m != arguments.PARSER_MODULE
+        )
+    }
     with attributes(platform_seam, present), platform_for_check(GPUS["h200"]) as (platform, emulated):
         if emulated:
             type(platform).emulated_count = 8  # one node of eight
