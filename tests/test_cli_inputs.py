@@ -83,6 +83,12 @@ BAD_INPUTS = [  # (words, environment, exit code, the one line says)
      "model 'Qwen/Qwen3-8B' is not a local folder and the hub (127.0.0.1) cannot be reached"),
     (["--order", "zigzag", "--", "./qwen3"], {}, 2, "--order 'zigzag': unknown order policy"),
     (["--", "./qwen3"], {"STAGING_PLUGIN_ORDER": "zigzag"}, 2, "STAGING_PLUGIN_ORDER='zigzag': unknown"),
+    (["--", "./qwen3"], {"STAGING_PLUGIN_STRICT": "maybe"}, 2,
+     "STAGING_PLUGIN_STRICT='maybe' is not a boolean; allowed values: 0, false, no, off, 1, true, yes, on"),
+    (["--", "./qwen3"], {"STAGING_PLUGIN_PRESIZE": "bogus"}, 2,
+     "STAGING_PLUGIN_PRESIZE='bogus'; allowed values: on, off, off-allow-crash"),
+    (["--order", "ascending", "--", "./qwen3"], {"STAGING_PLUGIN_PRESIZE": "off"}, 2,
+     "STAGING_PLUGIN_ORDER='ascending' needs pre-sizing (STAGING_PLUGIN_PRESIZE=on)"),
     (["--gpus", "0", "--", "./qwen3"], {}, 2, "argument --gpus: '0': must be 1 or more"),
     (["--"], {}, 2, f"nothing after `--`: {FORM}"),
     (["./qwen3", "--max-num-seqs", "4"], {}, 2,
@@ -165,6 +171,20 @@ def test_each_bad_input_is_one_line_with_its_exit_code(
     assert as_json["code"] == code and message in str(out["message"])
     if "not valid JSON" not in message:  # vLLM's parser's refusal needs vLLM
         assert not text["vllm"] and not as_json["vllm"]  # refused before vLLM is imported
+
+
+def test_vllms_help_after_the_separator_is_one_json_object_with_json(tmp_path: Path, capsys: Any) -> None:
+    """`--help` after `--` is vLLM's parser's: its help, exit 0, on stderr (stdout is the report's); with
+    --json the one object says to leave --json out, exit 2."""
+    model = model_folder(tmp_path / "qwen3", QWEN3_0_6B)
+    with terminal_logs():
+        assert main(["check", "--json", "--", model, "--help"]) == 2
+        as_json = capsys.readouterr()
+        assert main(["check", "--", model, "--help"]) == 0
+        text = capsys.readouterr()
+    out = one_json_object(2, as_json.out, as_json.err)
+    assert out["error"] == "bad arguments" and "leave out --json" in str(out["message"])
+    assert text.out == "" and "usage: vllm serve" in text.err
 
 
 def test_an_unknown_architecture_is_one_line_not_vllms_list(tmp_path: Path, capsys: Any) -> None:

@@ -292,6 +292,23 @@ def test_profiling_pass_keeps_vllms_order(monkeypatch: pytest.MonkeyPatch, tmp_p
     assert receipt["captured_modes"] == ["PIECEWISE"] * 51 + ["FULL"] * 2  # the sample, as captured
 
 
+@needs(HAS_PROFILING_HOOK, "CUDA-graph memory profiling pass")
+def test_the_profiling_receipt_reads_vllms_own_deltas_and_extrapolation() -> None:
+    """The two reads behind a profiling receipt's estimate, on the real manager and module: the deltas
+    vLLM's profiling function has the manager collect, and vLLM's own extrapolation of them."""
+    module = seams.cudagraph_module()
+    with cpu_replay.cpu_stubs(QWEN3_8B):
+        manager = cpu_replay.build_manager(QWEN3_8B)
+    assert compat.PROFILING_DELTAS in vars(manager) and compat.profiling_deltas(manager) is None
+    profiling = inspect.getsource(getattr(module, compat.PROFILING_ENTRY))
+    assert f"manager.{compat.PROFILING_DELTAS} = " in profiling  # vLLM hands the manager its list
+    setattr(manager, compat.PROFILING_DELTAS, [3 * 2**20, 2**20])
+    assert compat.profiling_deltas(manager) == [3 * 2**20, 2**20]
+    extrapolate = compat.full_graph_extrapolation()
+    assert extrapolate is getattr(module, compat.PROFILING_EXTRAPOLATION)
+    assert extrapolate([3 * 2**20, 2**20], 5) == 3 * 2**20 + 4 * 2**20  # first + (n - 1) * second
+
+
 def test_receipt_of_a_real_capture(monkeypatch: pytest.MonkeyPatch, tmp_path: Any) -> None:
     monkeypatch.setenv("STAGING_PLUGIN_ORDER", "shuffle:1")
     monkeypatch.setenv("STAGING_PLUGIN_RECEIPTS_DIR", str(tmp_path))

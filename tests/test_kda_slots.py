@@ -172,6 +172,49 @@ def test_a_failing_patch_never_breaks_vllms_import(monkeypatch: pytest.MonkeyPat
     assert "TypeError: odd class" in plugin_log.warnings[0]
 
 
+@dataclasses.dataclass(frozen=True)
+class SpecWithoutPages:
+    """The field the fix sets, without the accounting its INFO line reads."""
+
+    num_speculative_blocks: int = 0
+
+
+@dataclasses.dataclass(frozen=True)
+class SpecWithOtherAccounting(Spec):
+    def max_memory_usage_bytes(self, vllm_config: Any) -> int:
+        raise TypeError("max_memory_usage_bytes() takes 1 positional argument but 2 were given")
+
+
+@pytest.mark.parametrize(
+    ("spec", "reason"),
+    [
+        (SpecWithoutPages(), "AttributeError: 'SpecWithoutPages' object has no attribute 'page_size_bytes'"),
+        (SpecWithOtherAccounting(), "TypeError: max_memory_usage_bytes() takes 1 positional argument"),
+    ],
+    ids=["no page_size_bytes", "accounting raises"],
+)
+def test_a_spec_the_fix_cannot_account_for_gets_vllms_spec_back_with_one_warning(
+    spec: Any, reason: str, plugin_log: Any
+) -> None:
+    base = type("Base", (), {"get_kv_cache_spec": lambda self, c: spec})
+    cls = type("KimiGatedDeltaNetAttention", (base,), {})
+    patch = KdaSlotsPatch(Settings())
+    patch.install(types.SimpleNamespace(__name__="vllm.kda", KimiGatedDeltaNetAttention=cls))
+    assert is_plugin_wrapper(cls.__dict__["get_kv_cache_spec"])
+    assert cls().get_kv_cache_spec(config()) is spec  # vLLM's KV-cache setup goes on with its own spec
+    assert cls().get_kv_cache_spec(config()) is spec
+    (line,) = plugin_log.warnings
+    assert_says(line, "vllm-staging-plugin: the KDA state-slot fix is inactive",
+                f"KimiGatedDeltaNetAttention.get_kv_cache_spec: {reason}",
+                end="Set STAGING_PLUGIN_STRICT=1 to fail instead.")  # fmt: skip
+    assert plugin_log.at(20) == [] and not patch.kept
+    strict = KdaSlotsPatch(Settings(strict=True))
+    strict.patch(type("KimiGatedDeltaNetAttention", (base,), {}))
+    assert strict.wrap is not None
+    with pytest.raises(KdaShapeError, match="strict mode.*" + reason.split(":")[0]):
+        strict.wrap.cls().get_kv_cache_spec(config())
+
+
 def test_quiet_keeps_the_slots_without_a_line(plugin_log: Any) -> None:
     patch = KdaSlotsPatch(Settings())
     assert patch.keep_slots("L", config(), Spec(), quiet=True) == Spec(num_speculative_blocks=8)

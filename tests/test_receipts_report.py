@@ -270,3 +270,35 @@ def test_recorded_ray_receipts_carry_the_chosen_order() -> None:
     assert sorted(w["pid"] for w in workers) == sorted(r["pid"] for r in cells[("ascending", "on")])
     cluster = (GPU_2026_12_01 / "ray" / "ray-cluster.txt").read_text()
     assert cluster.rstrip().endswith("(none)")  # the raylet's environment held no plugin variable
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [("capture_sizes", 5), ("capture_sizes", [1, "2"]), ("graph_pool_reserved_bytes", "2 MiB"),
+     ("capture_seconds", [0.5]), ("created_unix", None), ("pid", True)],
+)  # fmt: skip
+def test_a_receipt_with_a_field_of_the_wrong_type_is_skipped_not_a_crash(
+    field: str, value: Any, tmp_path: Path, capsys: Any
+) -> None:
+    receipts.write_receipt(tmp_path, sample(policy="descending", graph_pool_reserved_bytes=2 * 2**20))
+    (tmp_path / "receipt-odd.json").write_text(json.dumps(sample(policy="ascending", **{field: value})))
+    assert cli.main(["report", str(tmp_path)]) == 0
+    text = capsys.readouterr()
+    assert "plugin  descending  1/1   2.00 [2.00-2.00]" in text.out and "ascending" not in text.out
+    assert text.err == (
+        f"vllm-staging-plugin report: skipped {tmp_path / 'receipt-odd.json'}: "
+        f"fields of the wrong type: {field}\n"
+    )
+
+
+@pytest.mark.parametrize("target", ["missing-folder/study.png", "study.nosuchformat"])
+def test_a_plot_that_cannot_be_written_is_one_line_and_exit_2(
+    target: str, tmp_path: Path, capsys: Any
+) -> None:
+    pytest.importorskip("matplotlib")
+    receipts.write_receipt(tmp_path, sample(policy="descending", graph_pool_reserved_bytes=2 * 2**20))
+    assert cli.main(["report", str(tmp_path), "--plot", str(tmp_path / target)]) == 2
+    text = capsys.readouterr()
+    (line,) = text.err.splitlines()
+    assert_says(line, f"vllm-staging-plugin report: --plot {tmp_path / target}: ")
+    assert text.out == "" and not (tmp_path / target).exists()

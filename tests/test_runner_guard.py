@@ -111,3 +111,22 @@ def test_a_class_without_its_own_init_is_not_guarded() -> None:
     guard = RunnerGuard(Settings())
     guard.install(module)
     assert "__init__" not in module.GPUModelRunner.__dict__ and guard.wrap is None
+
+
+def test_a_runner_the_guard_cannot_wrap_keeps_vllms_import_with_one_warning(
+    monkeypatch: pytest.MonkeyPatch, plugin_log: Any
+) -> None:
+    def cannot(*args: Any, **kwargs: Any) -> Any:
+        raise TypeError("odd class")
+
+    monkeypatch.setattr(runner_guard, "ClassWrap", cannot)
+    module = v1_module()
+    original = module.GPUModelRunner.__dict__["__init__"]
+    guard = RunnerGuard(Settings())
+    guard.install(module)  # vLLM's import of the module goes on
+    assert guard.wrap is None and module.GPUModelRunner.__dict__["__init__"] is original
+    (line,) = plugin_log.warnings
+    assert_says(line, "vllm-staging-plugin: cannot watch for vLLM's V1 model runner (TypeError: odd class)",
+                end="Set STAGING_PLUGIN_STRICT=1 to fail instead.")  # fmt: skip
+    with pytest.raises(V1RunnerError, match=r"strict mode.*GPUModelRunner: odd class"):
+        RunnerGuard(Settings(strict=True)).install(module)

@@ -123,3 +123,13 @@ def test_the_command_without_vllm_says_so(
 def test_apply_and_revert_together_are_bad_arguments(capsys: pytest.CaptureFixture[str]) -> None:
     assert cli.main(["patch", "kda", "--apply", "--revert"]) == 2
     assert "not allowed with argument" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("words", [["patch", "presize", "extra"], ["patch", "kda", "--bogus"]])
+def test_a_stray_word_is_one_line_and_exit_2(words: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(words) == 2
+    text = capsys.readouterr()
+    assert text.out == "" and text.err == (
+        f"vllm-staging-plugin patch: unrecognized arguments: {words[-1]} "
+        "(`vllm-staging-plugin patch --help` explains the options)\n"
+    )

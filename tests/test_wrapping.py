@@ -67,6 +67,21 @@ def test_apply_and_restore_put_back_exactly_what_the_class_held() -> None:
     assert cls.__dict__["capture"] is vllms and cls.__dict__["other"] is vllms
 
 
+def test_a_wrap_that_puts_vllms_own_functions_in_leaves_them_unmarked() -> None:
+    """The offline stock arm applies vLLM's own functions over the installer's wrapper: afterwards they
+    carry nothing of the plugin's, and the installer's wrapper is back."""
+    base = type("Manager", (), {"capture": vllms})
+    installer = ClassWrap(base, ("capture",))
+    ours = layer(installer.stock["capture"])
+    installer.apply({"capture": ours})
+    stock_arm = ClassWrap(base, ("capture",))
+    stock_arm.apply(stock_arm.stock)
+    assert base.__dict__["capture"] is vllms and base().capture(1) == 1
+    assert stock_arm.restore() == [] and base.__dict__["capture"] is ours
+    assert vars(vllms) == {}  # no owner, no mark
+    assert installer.restore() == [] and base.__dict__["capture"] is vllms
+
+
 def test_a_second_wrap_over_a_plugin_wrapper_calls_vllms_own_and_restores_the_first() -> None:
     """An offline tool wrapping a class the process's installer already wrapped runs one plugin layer."""
     cls = type("Manager", (), {"capture": vllms})

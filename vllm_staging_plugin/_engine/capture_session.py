@@ -148,16 +148,13 @@ def _pool_bytes(pool: Any) -> tuple[int | None, int | None]:
 
 def _profiling_estimate(manager: Any, measured: int | None) -> int | None:
     """vLLM's estimate, recomputed from this capture's window: measured - samples + extrapolation."""
-    samples = getattr(manager, "_capture_mem_samples", None)
-    if measured is None or samples is None:
+    samples, extrapolate = compat.profiling_deltas(manager), compat.full_graph_extrapolation()
+    if measured is None or samples is None or extrapolate is None:
         return None
     try:
-        from vllm.v1.worker.gpu.cudagraph_utils import _extrapolate_full_graph_memory
-
         full = [k for k in manager._capture_descs if getattr(k, "name", "") == "FULL"]
         n_full = len(manager._capture_descs[full[0]]) if full else 0
-        estimate = int(measured - sum(samples) + _extrapolate_full_graph_memory(samples, n_full))
-        return max(estimate, 0)
+        return max(int(measured - sum(samples) + extrapolate(samples, n_full)), 0)
     except Exception:
         return None
 

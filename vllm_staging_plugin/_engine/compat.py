@@ -14,9 +14,10 @@ One place for the supported set and the reason for each boundary (see docs/compa
 
 from __future__ import annotations
 
+import importlib
 import inspect
 import sys
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
@@ -64,6 +65,11 @@ SUPPORTED_PLATFORMS = ("cuda", "rocm", "cpu", "unspecified")
 PROFILING_LIMIT = "_max_full_descs_to_capture"
 PROFILING_SAMPLE = "_sample_full_descs"
 PROFILING_ENTRY = "profile_cudagraph_memory"
+# What a profiling receipt reads to recompute vLLM's graph-memory estimate (0.29.0-0.34.0): the memory
+# deltas ``profile_cudagraph_memory`` has the manager collect per sampled FULL graph, and the module's
+# extrapolation of them to every FULL graph.
+PROFILING_DELTAS = "_capture_mem_samples"
+PROFILING_EXTRAPOLATION = "_extrapolate_full_graph_memory"
 
 
 class IncompatibleVllm(RuntimeError):
@@ -143,6 +149,22 @@ def installed_versions() -> dict[str, str | None]:
         except PackageNotFoundError:
             found[dist] = None
     return found
+
+
+def profiling_deltas(manager: Any) -> list[int] | None:
+    """The memory deltas vLLM's profiling pass collected on ``manager`` (None outside that pass)."""
+    deltas = getattr(manager, PROFILING_DELTAS, None)
+    return deltas if isinstance(deltas, list) else None
+
+
+def full_graph_extrapolation() -> Callable[[list[int], int], int] | None:
+    """vLLM's extrapolation of the sampled FULL graphs' memory to all of them (None where it has none)."""
+    try:
+        module = importlib.import_module(CUDAGRAPH_MODULE)
+    except Exception:
+        return None
+    function = getattr(module, PROFILING_EXTRAPOLATION, None)
+    return function if callable(function) else None
 
 
 def profiling_pass(manager: Any) -> bool | None:

@@ -81,7 +81,14 @@ class KdaSlotsPatch:
             spec = original(layer, vllm_config, *args, **kwargs)
             if not wrap.live:
                 return spec
-            return self.keep_slots(type(layer).__qualname__, vllm_config, spec)
+            name = type(layer).__qualname__
+            try:
+                return self.keep_slots(name, vllm_config, spec)
+            except KdaShapeError:
+                raise  # strict mode
+            except Exception as exc:  # never break vLLM's KV-cache setup: its own spec, one warning
+                self.refuse(f"{name}.{SPEC_METHOD}: {type(exc).__name__}: {exc}")
+                return spec
 
         wrap.apply({SPEC_METHOD: get_kv_cache_spec})
         self.wrap = wrap

@@ -38,7 +38,9 @@ upstream main; :func:`.compat.profiling_pass`: an unrecognized mark keeps vLLM's
 ``graphs`` (a dict, checked after ``__init__``; :mod:`.staging` never replaces a buffer once a graph
 recorded it); ``vllm_config`` (checked after ``__init__``; under a non-default order :mod:`.agreement`
 reads its parallel layout, receipts its model); ``pool`` and ``is_last_pp_rank`` (receipts only, read with
-defaults; a receipt that fails never fails the capture).
+defaults; a receipt that fails never fails the capture); the profiling pass's memory deltas
+(``_capture_mem_samples``) and the module's ``_extrapolate_full_graph_memory`` (profiling receipts only,
+:func:`.compat.profiling_deltas`, :func:`.compat.full_graph_extrapolation`; either missing: no estimate).
 ``vllm.model_executor.layers.mamba.gdn.kimi_gdn_linear_attn.KimiGatedDeltaNetAttention.get_kv_cache_spec``
 (wrapped, :mod:`.kda_slots`; the method the class inherits, or its own where vLLM defines one)
     Why: under ``--use-replayssm`` Mamba layers get no speculative state slots, but this shared KDA layer's

@@ -64,6 +64,22 @@ class RunnerGuard:
         cls = getattr(module, V1_RUNNER_CLASS, None)
         if self.wrap is not None or not isinstance(cls, type) or "__init__" not in cls.__dict__:
             return
+        try:
+            self.wrap = self._wrap(cls)
+        except Exception as exc:  # never break the import of vLLM's module
+            if self.settings.strict:
+                raise V1RunnerError(
+                    f"vllm-staging-plugin (strict mode): cannot wrap {cls.__name__}: {exc}"
+                ) from exc
+            logger.warning(
+                "vllm-staging-plugin: cannot watch for vLLM's V1 model runner (%s: %s); where vLLM picks it, "
+                "the plugin is inactive without saying so. Set %s=1 to fail instead.",
+                type(exc).__name__,
+                exc,
+                ENV_STRICT,
+            )
+
+    def _wrap(self, cls: type) -> ClassWrap:
         wrap = ClassWrap(cls, ("__init__",), signals={"__init__": self._v1_runner_built})
         original = wrap.stock["__init__"]
 
@@ -78,7 +94,7 @@ class RunnerGuard:
             original(runner, *args, **kwargs)
 
         wrap.apply({"__init__": __init__})
-        self.wrap = wrap
+        return wrap
 
     def uninstall(self) -> list[str]:
         wrap, self.wrap = self.wrap, None

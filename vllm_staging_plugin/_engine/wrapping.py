@@ -75,7 +75,8 @@ class ClassWrap:
     def apply(self, replacements: Mapping[str, Any]) -> None:
         self.replacements = dict(replacements)
         for name, function in self.replacements.items():
-            setattr(function, OWNER, self)
+            if is_plugin_wrapper(function):  # vLLM's own functions (an offline stock arm) stay unmarked
+                setattr(function, OWNER, self)
             setattr(self.cls, name, function)
 
     def signal(self, name: str) -> None:

@@ -189,7 +189,7 @@ skipped with one warning naming it.
 exit codes:
   0  the table was printed
   1  no capture receipt could be read there, or --plot without matplotlib (the message says why)
-  2  bad arguments, or the directory does not exist (or is not one)
+  2  bad arguments: the directory does not exist (or is not one), or the --plot file cannot be written
   70 internal error: a bug in the plugin (one line to report; -v prints the traceback)
 """
 
@@ -359,7 +359,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _run(parser: argparse.ArgumentParser, words: list[str], serve_args: list[str] | None) -> int:
     args, unknown = parser.parse_known_args(words)
-    if unknown and args.command != "report" and serve_args is None and not unknown[0].startswith("-"):
+    if unknown and args.command == "check" and serve_args is None and not unknown[0].startswith("-"):
         _refuse(f"{unknown[0]!r} looks like a model: the vllm serve arguments go after `--`, as in: "
                 f"{PREFLIGHT_FORM}", as_json=args.json)  # fmt: skip
     if unknown:

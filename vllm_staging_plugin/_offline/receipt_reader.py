@@ -25,7 +25,8 @@ def read_receipts(directory: Path, on_skip: Skip | None = None) -> list[Receipt]
     ``write_receipt``'s ``.tmp-*`` files are ignored), oldest first.
 
     Receipts gathered from many hosts include partial copies and foreign files: each JSON file that
-    cannot be read, is not JSON, is of another schema or lacks fields is passed to
+    cannot be read, is not JSON, is of another schema, lacks fields or holds a field of the wrong type
+    (:data:`FIELD_TYPES`) is passed to
     ``on_skip`` (default: one warning naming it) and left out, so one bad copy never hides the others.
     """
     skip = on_skip or _warn_skipped
@@ -55,13 +56,32 @@ def _load(path: Path) -> tuple[Receipt | None, str]:
     missing = [f for f in REQUIRED_FIELDS if f not in data]
     if missing:
         return None, f"incomplete receipt, lacks fields: {', '.join(missing)}"
-    if not all(_is_number(data[key]) for key in ("created_unix", "pid")):
-        return None, "created_unix or pid is not a number"
+    wrong = [key for key, fits in FIELD_TYPES.items() if key in data and not fits(data[key])]
+    if wrong:
+        return None, f"fields of the wrong type: {', '.join(wrong)}"
     return cast(Receipt, data), ""
 
 
 def _is_number(value: Any) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def _number_or_none(value: Any) -> bool:
+    return value is None or _is_number(value)
+
+
+FIELD_TYPES: dict[str, Callable[[Any], bool]] = {
+    # what the readers compute with (sort, group, take medians of): a receipt holding anything else there
+    # is skipped like an incomplete one, never a crash of the report
+    "created_unix": _is_number,
+    "pid": _is_number,
+    "capture_sizes": lambda v: v is None or (isinstance(v, list) and all(_is_number(x) for x in v)),
+    "capture_seconds": _number_or_none,
+    "graph_memory_bytes": _number_or_none,
+    "graph_pool_reserved_bytes": _number_or_none,
+    "graph_pool_active_bytes": _number_or_none,
+    "profiling_estimate_bytes": _number_or_none,
+}
 
 
 def _warn_skipped(path: Path, reason: str) -> None:

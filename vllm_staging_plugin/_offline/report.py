@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from .receipt_reader import read_receipts
-from .text import MIB
+from .text import MIB, first_line
 
 METRICS = (
     ("graph_pool_reserved_bytes", "pool MiB", MIB),
@@ -178,8 +178,13 @@ def plot(rows: list[Row], path: Path) -> None:
             ax.set_xticks(range(len(mine)), labels, fontsize=7, rotation=45, ha="right")
             ax.set_title(f"{label}\n{config}" if j == 0 else label, fontsize=8)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    try:
+        fig.savefig(path, dpi=110)
+    except (OSError, ValueError) as exc:  # no such folder, no permission, a format matplotlib lacks
+        message = f"vllm-staging-plugin report: --plot {path}: {first_line(str(exc))}"
+        raise ReportError(message, code=2) from exc
+    finally:
+        plt.close(fig)
 
 
 def _to_stderr(message: str) -> None:

@@ -1,8 +1,9 @@
 """The two fixes to vLLM itself that ship inside the package, and applying one to the installed vLLM.
 
-``presize`` is the plugin's own fix written as a change to vLLM (the staging buffers sized by the largest
-capture descriptor); ``kda`` fixes what the plugin cannot (vLLM's shared Kimi-Linear KDA layer keeps one
-state slot per speculative token under ``--use-replayssm``). Both are unified diffs against vLLM 0.33.0
+``presize`` is the plugin's staging fix written as a change to vLLM (the staging buffers sized by the largest
+capture descriptor); ``kda`` is its KDA fix written as one (vLLM's shared Kimi-Linear KDA layer keeps one
+state slot per speculative token under ``--use-replayssm``), for operators who want the fix inside vLLM.
+Both are unified diffs against vLLM 0.33.0
 (``a/vllm/...``). They are applied here without fuzz and without the ``patch`` program: every hunk's
 lines must be found exactly, or nothing is written.
 """
@@ -24,7 +25,7 @@ PATCHES = {
     "kda": (
         "kda-spec-state-slots.patch",
         "keep a state slot per speculative token in Kimi-Linear's shared KDA layer under --use-replayssm "
-        "(the plugin cannot fix this)",
+        "(what the plugin does from outside)",
     ),
 }
 HUNK = re.compile(r"^@@ -(\d+)(?:,(\d+))? \+(\d+)(?:,(\d+))? @@")

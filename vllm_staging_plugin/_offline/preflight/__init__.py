@@ -19,7 +19,7 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 from ... import __version__
-from ..._engine.settings import ENV_KDA_FIX, ENV_ORDER, KDA_FIX_VALUES, ConfigError, Settings, parse_switch
+from ..._engine.settings import ENV_ORDER, ConfigError, Settings, read_settings
 from .. import internal, scoped, seams
 from ..text import first_line
 from . import workaround
@@ -275,16 +275,17 @@ def main(
 ) -> int:
     """Run the pre-flight and print it; the exit code says whether the plugin boots the configuration."""
     order_from = "--order" if order else ENV_ORDER
-    order = order or os.environ.get(ENV_ORDER, "").strip() or "descending"
-    try:
-        kda_fix = parse_switch(ENV_KDA_FIX, KDA_FIX_VALUES, os.environ)
-    except ConfigError as exc:
-        return _fail(EXIT_BAD_ARGUMENTS, "bad arguments", str(exc), as_json)
-    try:
+    try:  # the deployment's variables, as register() reads them in vLLM (--order in place of the variable)
+        settings = read_settings({**os.environ, **({ENV_ORDER: order} if order else {})})
         with _logs_to_stderr():
-            result = run(serve_argv, order, GPUS[gpu_name], order_from, gpus, kda_fix)
-    except BadArguments as exc:
+            result = run(serve_argv, settings.order, GPUS[gpu_name], order_from, gpus, settings.kda_fix)
+    except (BadArguments, ConfigError) as exc:  # ConfigError: a variable, or register() in vLLM's parser
         return _fail(EXIT_BAD_ARGUMENTS, "bad arguments", str(exc), as_json)
+    except SystemExit as exc:  # vLLM's parser printed its --help (to stderr: stdout is the report's)
+        if not as_json or exc.code not in (0, None):
+            raise
+        said = "--help after `--` prints vllm serve's help, which is no report: leave out --json to read it"
+        return _fail(EXIT_BAD_ARGUMENTS, "bad arguments", said, as_json)
     except CannotCheckHere as exc:
         return _fail(EXIT_CANNOT_CHECK_HERE, "cannot check on this machine", str(exc), as_json)
     except Exception as exc:  # one line, never a traceback (but under -v)
