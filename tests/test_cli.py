@@ -51,6 +51,14 @@ def test_bad_configuration_is_reported_with_exit_2(capsys: Any, monkeypatch: pyt
     )
 
 
+def test_the_kill_switch_is_named_beside_would_patch(capsys: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("STAGING_PLUGIN_DISABLE", "1")
+    assert main(["--max-size", "16", "--hidden-size", "64"]) == 0  # the structure is supported
+    lines = capsys.readouterr().out.splitlines()
+    at = next(i for i, line in enumerate(lines) if line.startswith("would patch: yes"))
+    assert lines[at + 1] == "but STAGING_PLUGIN_DISABLE is set: with it, the plugin leaves vLLM untouched"
+
+
 def test_json_and_gpu_need_serve_arguments(capsys: Any) -> None:
     """They belong to the pre-flight (`check -- ARGS`); the main job refuses them with exit 2, and with
     --json as one JSON object."""

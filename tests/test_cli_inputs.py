@@ -90,6 +90,8 @@ BAD_INPUTS = [  # (words, environment, exit code, the one line says)
     (["--order", "ascending", "--", "./qwen3"], {"STAGING_PLUGIN_PRESIZE": "off"}, 2,
      "STAGING_PLUGIN_ORDER='ascending' needs pre-sizing (STAGING_PLUGIN_PRESIZE=on)"),
     (["--gpus", "0", "--", "./qwen3"], {}, 2, "argument --gpus: '0': must be 1 or more"),
+    (["--max-num-seqs", "48", "--", "./qwen3"], {}, 2,
+     "--max-num-seqs: options of the demonstration (without `--`); a vllm serve option goes after `--`"),
     (["--"], {}, 2, f"nothing after `--`: {FORM}"),
     (["./qwen3", "--max-num-seqs", "4"], {}, 2,
      f"'./qwen3' looks like a model: the vllm serve arguments go after `--`, as in: {FORM}"),
@@ -100,6 +102,9 @@ BAD_INPUTS = [  # (words, environment, exit code, the one line says)
     (["--", "./qwen3", "--speculative-config", '{"method": "ngram",}'], {}, 2,
      "vllm serve: error: argument --speculative-config/-sc: not valid JSON (Expecting property name enclosed "
      'in double quotes: line 1 column 20 (char 19)): {"method": "ngram",}'),
+    (["--", "./qwen3", "-cc", '{"cudagraph_capture_sizes": "x"}'], {}, 2,
+     "vllm serve: error: argument --compilation-config/-cc: 1 validation error for CompilationConfig: "
+     "cudagraph_capture_sizes: Input should be a valid array"),
 ]  # fmt: skip
 HUB_VARIABLES = ("HF_HUB_OFFLINE", "HF_ENDPOINT")  # read once, when huggingface_hub is imported
 STOCK_CRASH = "The expanded size of the tensor (8) must match the existing size (9)"
@@ -169,7 +174,7 @@ def test_each_bad_input_is_one_line_with_its_exit_code(
     as_json = call(children, ["check", "--json", *words], env)
     out = one_json_object(as_json["code"], as_json["out"], as_json["err"])
     assert as_json["code"] == code and message in str(out["message"])
-    if "not valid JSON" not in message:  # vLLM's parser's refusal needs vLLM
+    if "vllm serve: error" not in message:  # vLLM's parser's refusal needs vLLM
         assert not text["vllm"] and not as_json["vllm"]  # refused before vLLM is imported
 
 

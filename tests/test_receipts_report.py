@@ -302,3 +302,12 @@ def test_a_plot_that_cannot_be_written_is_one_line_and_exit_2(
     (line,) = text.err.splitlines()
     assert_says(line, f"vllm-staging-plugin report: --plot {tmp_path / target}: ")
     assert text.out == "" and not (tmp_path / target).exists()
+
+
+def test_a_plot_named_without_an_extension_is_a_png_and_says_so(tmp_path: Path, capsys: Any) -> None:
+    pytest.importorskip("matplotlib")
+    receipts.write_receipt(tmp_path, sample(policy="descending", graph_pool_reserved_bytes=2 * 2**20))
+    assert cli.main(["report", str(tmp_path), "--plot", str(tmp_path / "study")]) == 0
+    written = tmp_path / "study.png"
+    assert capsys.readouterr().out.endswith(f"plot written to {written}\n")
+    assert written.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and not (tmp_path / "study").exists()

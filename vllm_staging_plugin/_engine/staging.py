@@ -41,7 +41,7 @@ class ManagerState:
     ranks_agreed: int | None = None  # ranks whose capture plan matched (None: not checked)
     first_tokens: int | None = None  # num_tokens of this capture's first descriptor
     vllm_presized: bool = False  # vLLM's own first buffer held the capacity although first_tokens is less
-    vllm_sizes: bool = False  # this vLLM's shape sizes the staging buffers itself (compat.SHAPES)
+    vllm_sizes: bool = False  # this vLLM sizes the staging itself: its shape (compat.SHAPES) or a stand-down
 
 
 class StagingError(RuntimeError):

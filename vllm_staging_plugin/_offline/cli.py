@@ -40,6 +40,8 @@ def render_main_job(job: MainJob) -> str:
         left = "" if job.versions["vllm"] is None else "; vLLM is left untouched"
         return "\n".join([*lines, f"would patch: no ({job.refusal}){left}"])
     lines.append(f"would patch: yes ({job.manager}; platform '{job.platform}')")
+    if settings.disabled:
+        lines.append("but STAGING_PLUGIN_DISABLE is set: with it, the plugin leaves vLLM untouched")
     if job.vllm_presizes:
         lines.append("this vLLM sizes its staging buffers to the largest capture descriptor itself: the "
                      "plugin leaves them to vLLM (order knob, receipts and KDA fix kept)")  # fmt: skip
@@ -76,14 +78,17 @@ def check(args: argparse.Namespace) -> int:
 def report_command(args: argparse.Namespace) -> int:
     from .report import ReportError, report
 
+    target = Path(args.plot) if args.plot else None
+    if target is not None and not target.suffix:  # what matplotlib would write: say that name
+        target = target.with_name(f"{target.name}.png")
     try:
-        table = report(args.directory, Path(args.plot) if args.plot else None)
+        table = report(args.directory, target)
     except ReportError as exc:
         print(exc, file=sys.stderr)
         return exc.code
     print(table)
-    if args.plot:
-        print(f"plot written to {args.plot}")
+    if target is not None:
+        print(f"plot written to {target}")
     return 0
 
 
@@ -129,7 +134,8 @@ def _vllm_sizes_staging() -> bool:
     from . import cpu_replay
 
     try:
-        return cpu_replay.vllm_presizes()
+        with quiet_logs(verbose=False):  # vLLM's CPU-only import messages, as the check hides them
+            return cpu_replay.vllm_presizes()
     except Exception:  # a vLLM the replay cannot drive: the patch's own answer stands
         return False
 
@@ -196,7 +202,8 @@ exit codes:
 
 PATCH_EPILOG = """\
 Applying needs write access to the installed vLLM (the same pip environment); every hunk must match
-exactly (no fuzz) or nothing is written. `pip install --force-reinstall vllm==0.33.0` also undoes it.
+exactly (no fuzz) or nothing is written. `pip install --force-reinstall --no-deps vllm==VERSION` (the
+installed one) also undoes it.
 
 exit codes:
   0  printed; applied, reverted, or (--dry-run) it would; or nothing to do (already so)
@@ -357,6 +364,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return internal.fail(exc, "vllm-staging-plugin", verbose, as_json="--json" in words)
 
 
+DEMO_OPTIONS = ("--mode", "--max-size", "--max-num-seqs", "--hidden-size")
+
+
 def _run(parser: argparse.ArgumentParser, words: list[str], serve_args: list[str] | None) -> int:
     args, unknown = parser.parse_known_args(words)
     if unknown and args.command == "check" and serve_args is None and not unknown[0].startswith("-"):
@@ -372,6 +382,10 @@ def _run(parser: argparse.ArgumentParser, words: list[str], serve_args: list[str
         return report_command(args) if args.command == "report" else patch_command(args)
     if serve_args is not None and not serve_args:
         _refuse(f"nothing after `--`: {PREFLIGHT_FORM}", args.json)
+    demo = [w for w in (word.split("=", 1)[0] for word in words) if w in DEMO_OPTIONS]
+    if serve_args is not None and demo:  # ignored by the pre-flight: never silently
+        _refuse(f"{', '.join(demo)}: options of the demonstration (without `--`); a vllm serve option goes "
+                f"after `--`: {PREFLIGHT_FORM}", args.json)  # fmt: skip
     with quiet_logs(args.verbose):
         if serve_args is not None:
             from . import preflight

@@ -42,8 +42,7 @@ def parse_serve_arguments(argv: Sequence[str]) -> argparse.Namespace:
     except SystemExit as exc:
         if exc.code in (0, None):  # --help
             raise
-        said = [line for line in errors.getvalue().splitlines() if "error:" in line]  # not the usage
-        text = _not_json(said[-1].strip()) if said else f"vllm serve exited with {exc.code}"
+        text = _error_line(errors.getvalue()) or f"vllm serve exited with {exc.code}"
         ours = [w for w in argv if w.split("=", 1)[0] in CHECK_OPTIONS]
         if "unrecognized arguments" in text and ours:
             text += f" ({' '.join(ours)}: options of the check go before `--`)"
@@ -62,6 +61,17 @@ def parse_serve_arguments(argv: Sequence[str]) -> argparse.Namespace:
 NOT_CONVERTED = re.compile(
     r"argument (\S+?): Value (.*) cannot be converted to <function loads at 0x[0-9a-f]+>\.?$"
 )
+
+
+def _error_line(printed: str) -> str | None:
+    """argparse's ``error:`` line (not the usage), with what follows it on one line: a pydantic-validated
+    option (``-cc``) says only "1 validation error for CompilationConfig" there and the cause below."""
+    lines = printed.splitlines()
+    at = [i for i, line in enumerate(lines) if "error:" in line]
+    if not at:
+        return None
+    cause = [line.strip() for line in lines[at[-1] + 1 :] if line.strip() and "errors.pydantic" not in line]
+    return ": ".join([_not_json(lines[at[-1]].strip()), *cause])
 
 
 def _not_json(text: str) -> str:

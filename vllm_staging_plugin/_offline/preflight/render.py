@@ -47,8 +47,8 @@ def render(result: Preflight) -> str:
         lines.append(f"  vLLM's error  {stock.error}")
     if result.vllm_presizes:
         lines.append(
-            "this vLLM sizes its staging buffers to the largest capture descriptor itself: stock boots "
-            "in any capture order, and the plugin leaves the buffers to vLLM (it keeps the order knob "
+            "this vLLM sizes its staging buffers to the largest capture descriptor itself: its staging "
+            "holds in any capture order, and the plugin leaves the buffers to vLLM (it keeps the order knob "
             "STAGING_PLUGIN_ORDER, receipts and its KDA state-slot fix)"
         )
     if result.plugin_boots:
