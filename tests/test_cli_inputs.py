@@ -123,6 +123,7 @@ def _children(root: Path) -> dict[str, Any]:
     scripts = {
         "quiet": (["check", "--", kimi, *NO_WEIGHTS, *KIMI_CRASH], first_time),
         "verbose": (["check", "-v", "--", kimi, *NO_WEIGHTS, *KIMI_CRASH], OFFLINE),
+        "patch": (["patch", "presize", "--dry-run"], OFFLINE),  # imports vLLM where it sizes its staging
     }  # fmt: skip
     calls: dict[str, list[list[Any]]] = {}
     for words, env, _, _ in BAD_INPUTS:
@@ -190,6 +191,16 @@ def test_vllms_help_after_the_separator_is_one_json_object_with_json(tmp_path: P
     out = one_json_object(2, as_json.out, as_json.err)
     assert out["error"] == "bad arguments" and "leave out --json" in str(out["message"])
     assert text.out == "" and "usage: vllm serve" in text.err
+
+
+def test_patch_presize_dry_run_is_one_line_without_vllms_cpu_noise(children: dict[str, Any]) -> None:
+    """Where vLLM sizes its staging itself the answer comes from replaying it on CPU, which imports vLLM:
+    its CPU-only messages stay hidden, as in the check. Where the patch fits, vLLM is never imported."""
+    result = children["patch"]
+    assert result["code"] == 0 and result["err"] == "", result["err"]
+    (line,) = result["out"].strip().splitlines()
+    expected = "vllm-staging-plugin patch: not needed" if SIZES_STAGING else "would apply: "
+    assert line.startswith(expected)
 
 
 def test_an_unknown_architecture_is_one_line_not_vllms_list(tmp_path: Path, capsys: Any) -> None:

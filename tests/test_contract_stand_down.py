@@ -121,7 +121,10 @@ def test_check_says_it_and_stock_reports_what_the_patched_vllm_does(
 
     assert preflight.main(K3_SERVE, order=None, as_json=False) == preflight.EXIT_BOOTS
     out = capsys.readouterr().out
-    assert "this vLLM sizes its staging buffers to the largest capture descriptor itself" in out
+    assert (
+        "this vLLM sizes its staging buffers to the largest capture descriptor itself: its staging holds in "
+        "any capture order, and the plugin leaves the buffers to vLLM" in out
+    )
     assert "stock vLLM (its own order): boots (hidden_states [261, 7168] bfloat16" in out
     assert "without the plugin:" not in out  # no workaround needed
     assert "serving:" not in out  # Kimi-K3's own KDA layer: nothing to check
