@@ -192,3 +192,22 @@ def test_the_profiling_pass_is_recognized_in_each_shape(
         module.profile_cudagraph_memory = lambda runner: 0  # type: ignore[attr-defined]
     monkeypatch.setitem(sys.modules, compat.CUDAGRAPH_MODULE, module)
     assert compat.profiling_pass(SimpleNamespace(**state)) is expected
+
+
+@pytest.mark.parametrize(("deltas", "read"), [([3, 1], [3, 1]), (None, None), ("3, 1", None), ((3, 1), None)])
+def test_the_profiling_deltas_are_read_only_as_vllms_list(deltas: Any, read: Any) -> None:
+    assert compat.profiling_deltas(SimpleNamespace(_capture_mem_samples=deltas)) == read
+    assert compat.profiling_deltas(SimpleNamespace()) is None  # outside vLLM's profiling pass
+
+
+@pytest.mark.parametrize("value", ["absent", 5, None])
+def test_no_extrapolation_where_the_module_has_no_callable_one(
+    value: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    module = types.ModuleType(compat.CUDAGRAPH_MODULE)
+    if value != "absent":
+        setattr(module, compat.PROFILING_EXTRAPOLATION, value)
+    monkeypatch.setitem(sys.modules, compat.CUDAGRAPH_MODULE, module)
+    assert compat.full_graph_extrapolation() is None
+    setattr(module, compat.PROFILING_EXTRAPOLATION, len)
+    assert compat.full_graph_extrapolation() is len
