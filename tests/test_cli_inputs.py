@@ -76,6 +76,7 @@ BAD_INPUTS = [  # (words, environment, exit code, the one line says)
      "model './missing-model': no such folder (a local model is a folder holding its config.json)"),
     (["--", "./missing-model"], {}, 2, "model './missing-model': no such folder"),
     (["--", "./config.json"], OFFLINE, 2, "model './config.json': a file, not a model folder"),
+    (["--", "./listed"], OFFLINE, 2, "model './listed': its config.json holds a JSON list, not an object"),
     (["--", "qwen3x"], CLOSED_HUB, 2, "model 'qwen3x': no such folder; did you mean 'qwen3'?"),
     (["--", "Qwen/Qwen3-8B"], OFFLINE, 3,
      "model 'Qwen/Qwen3-8B' is not a local folder, not in the Hugging Face cache, and HF_HUB_OFFLINE"),
@@ -102,6 +103,8 @@ BAD_INPUTS = [  # (words, environment, exit code, the one line says)
     (["--", "./qwen3", "--speculative-config", '{"method": "ngram",}'], {}, 2,
      "vllm serve: error: argument --speculative-config/-sc: not valid JSON (Expecting property name enclosed "
      'in double quotes: line 1 column 20 (char 19)): {"method": "ngram",}'),
+    (["--", "./qwen3", "--speculative-config", '{"method": "eagle3", "model": "./no-drafter"}'], {}, 2,
+     "speculative model './no-drafter': no such folder (a local model is a folder holding its config.json)"),
     (["--", "./qwen3", "-cc", '{"cudagraph_capture_sizes": "x"}'], {}, 2,
      "vllm serve: error: argument --compilation-config/-cc: 1 validation error for CompilationConfig: "
      "cudagraph_capture_sizes: Input should be a valid array"),
@@ -118,6 +121,8 @@ def _children(root: Path) -> dict[str, Any]:
     """Every child of this module, started together; what each printed and exited with."""
     (root / "config.json").write_text("{}")
     model_folder(root / "qwen3", QWEN3_0_6B)  # the bad inputs' ./qwen3
+    (root / "listed").mkdir()
+    (root / "listed" / "config.json").write_text("[1, 2]")
     kimi = model_folder(root / "kimi", KIMI_LINEAR_4_LAYERS)
     first_time = OFFLINE | {"VLLM_CACHE_ROOT": str(root / "empty-cache")}  # vLLM inspects the model afresh
     scripts = {
@@ -175,7 +180,7 @@ def test_each_bad_input_is_one_line_with_its_exit_code(
     as_json = call(children, ["check", "--json", *words], env)
     out = one_json_object(as_json["code"], as_json["out"], as_json["err"])
     assert as_json["code"] == code and message in str(out["message"])
-    if "vllm serve: error" not in message:  # vLLM's parser's refusal needs vLLM
+    if not message.startswith(("vllm serve: error", "speculative model")):  # read by vLLM's parser
         assert not text["vllm"] and not as_json["vllm"]  # refused before vLLM is imported
 
 

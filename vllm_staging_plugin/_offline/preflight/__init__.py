@@ -26,7 +26,7 @@ from . import workaround
 from .arguments import PARSER_MODULE, check_order, has_serve_parser, parse_serve_arguments
 from .configure import create_engine_config, inspect_model_classes
 from .missing import missing_behind
-from .model_source import check_model, check_model_early
+from .model_source import check_draft_model, check_model, check_model_early
 from .phases import Phases
 from .platform import GPUS, Gpu, node_gpus, platform_for_check, platform_json
 from .refusals import GPU_HOST, BadArguments, CannotCheckHere
@@ -114,6 +114,7 @@ def run(
             if str(args.model) != checked:  # `--model X` or `--revision`: what the early check left
                 check_model(str(args.model), getattr(args, "revision", None))
                 checked = str(args.model)  # once: the workaround's replays keep the model
+            check_draft_model(getattr(args, "speculative_config", None))
             if emulated:
                 type(platform).emulated_count = gpus or node_gpus(args)
             with phases.phase("inspect"):  # vLLM caches it: the configuration build below finds it

@@ -11,9 +11,20 @@ HUB_TIMEOUT = 3.0  # seconds to wait for the hub's address before saying it cann
 
 
 def check_model(model: str, revision: str | None) -> None:
-    """A missing or mistyped folder (exit 2), a hub name neither cached nor reachable (exit 3): one line."""
+    """A missing or mistyped folder, or one whose config.json is no JSON object (exit 2), a hub name
+    neither cached nor reachable (exit 3): one line."""
     _model_folder_exists(model)
+    _config_is_an_object(model)
     _hub_model_reachable(model, revision)
+
+
+def check_draft_model(speculative_config: object) -> None:
+    """A drafter written as a path in ``--speculative-config`` must be a folder too (exit 2), checked as
+    the model is: vLLM's hub client would report it as an invalid repository id, after retries."""
+    draft = speculative_config.get("model") if isinstance(speculative_config, dict) else None
+    if isinstance(draft, str):
+        _model_folder_exists(draft, "speculative model")
+        _config_is_an_object(draft, "speculative model")
 
 
 def check_model_early(argv: Sequence[str]) -> str | None:
@@ -25,7 +36,7 @@ def check_model_early(argv: Sequence[str]) -> str | None:
     return argv[0]
 
 
-def _model_folder_exists(model: str) -> None:
+def _model_folder_exists(model: str, role: str = "model") -> None:
     """A model written as a path (``/``, ``./``, ``../``, ``~``) must be a folder: say so in one line.
 
     Without this, vLLM's hub client reports a missing folder as an invalid repository id.
@@ -34,7 +45,26 @@ def _model_folder_exists(model: str) -> None:
 
     if model.startswith(("/", "./", "../", "~")) and not os.path.isdir(os.path.expanduser(model)):
         what = "a file, not a model folder" if os.path.exists(os.path.expanduser(model)) else "no such folder"
-        raise BadArguments(f"model {model!r}: {what} (a local model is a folder holding its config.json)")
+        raise BadArguments(f"{role} {model!r}: {what} (a local model is a folder holding its config.json)")
+
+
+def _config_is_an_object(model: str, role: str = "model") -> None:
+    """A local folder's config.json must hold one JSON object (vLLM would fail on it with a bare
+    ``AttributeError`` or a decoder error)."""
+    import json
+    import os
+
+    path = os.path.join(os.path.expanduser(model), "config.json")
+    if not os.path.isfile(path):
+        return  # not a local folder, or one in another format: vLLM's to answer
+    try:
+        with open(path, encoding="utf-8") as handle:
+            config = json.load(handle)
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        raise BadArguments(f"{role} {model!r}: its config.json cannot be read as JSON ({exc})") from None
+    if not isinstance(config, dict):
+        kind = type(config).__name__
+        raise BadArguments(f"{role} {model!r}: its config.json holds a JSON {kind}, not an object") from None
 
 
 def _typo_of_a_folder(model: str) -> None:
