@@ -105,6 +105,8 @@ BAD_INPUTS = [  # (words, environment, exit code, the one line says)
      'in double quotes: line 1 column 20 (char 19)): {"method": "ngram",}'),
     (["--", "./qwen3", "--speculative-config", '{"method": "eagle3", "model": "./no-drafter"}'], {}, 2,
      "speculative model './no-drafter': no such folder (a local model is a folder holding its config.json)"),
+    (["--", "./zz"], {}, 2,  # no model type's name inside "zz": transformers cannot guess one
+     "ModelConfig: Unrecognized model in ./zz. Should have a `model_type` key in its config.json"),
     (["--", "./qwen3", "-cc", '{"cudagraph_capture_sizes": "x"}'], {}, 2,
      "vllm serve: error: argument --compilation-config/-cc: 1 validation error for CompilationConfig: "
      "cudagraph_capture_sizes: Input should be a valid array"),
@@ -122,6 +124,8 @@ def _children(root: Path) -> dict[str, Any]:
     (root / "config.json").write_text("{}")
     model_folder(root / "qwen3", QWEN3_0_6B)  # the bad inputs' ./qwen3
     (root / "listed").mkdir()
+    (root / "zz").mkdir()
+    (root / "zz" / "config.json").write_text("{}")
     (root / "listed" / "config.json").write_text("[1, 2]")
     kimi = model_folder(root / "kimi", KIMI_LINEAR_4_LAYERS)
     first_time = OFFLINE | {"VLLM_CACHE_ROOT": str(root / "empty-cache")}  # vLLM inspects the model afresh
@@ -180,7 +184,7 @@ def test_each_bad_input_is_one_line_with_its_exit_code(
     as_json = call(children, ["check", "--json", *words], env)
     out = one_json_object(as_json["code"], as_json["out"], as_json["err"])
     assert as_json["code"] == code and message in str(out["message"])
-    if not message.startswith(("vllm serve: error", "speculative model")):  # read by vLLM's parser
+    if not message.startswith(("vllm serve: error", "speculative model", "ModelConfig")):  # vLLM's answers
         assert not text["vllm"] and not as_json["vllm"]  # refused before vLLM is imported
 
 
