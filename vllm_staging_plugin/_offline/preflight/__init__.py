@@ -26,7 +26,7 @@ from . import workaround
 from .arguments import PARSER_MODULE, check_order, has_serve_parser, parse_serve_arguments
 from .configure import create_engine_config, inspect_model_classes
 from .missing import missing_behind
-from .model_source import check_draft_model, check_model, check_model_early
+from .model_source import check_draft_model, check_model, check_model_early, draft_model
 from .phases import Phases
 from .platform import GPUS, Gpu, node_gpus, platform_for_check, platform_json
 from .refusals import GPU_HOST, BadArguments, CannotCheckHere
@@ -92,7 +92,7 @@ def run(
     from ..._engine import compat
 
     check_order(order, order_from)
-    checked = check_model_early(argv)
+    checked = {check_model_early(argv)}  # the model and drafter sources checked: each once
     from .. import cpu_replay  # torch and vLLM: only once the arguments look right
     from .replay import plugin_settings, replay_arm, replay_stock
 
@@ -108,13 +108,15 @@ def run(
         phases.add("imports", time.perf_counter() - started)  # vLLM's modules, under this machine's platform
 
         def configure(words: Sequence[str]) -> Any:
-            nonlocal checked
             # the parser's defaults build a DeviceConfig too, so it runs on the check's platform
             args = parse_serve_arguments(words)
-            if str(args.model) != checked:  # `--model X` or `--revision`: what the early check left
+            if str(args.model) not in checked:  # `--model X` or `--revision`: what the early check left
                 check_model(str(args.model), getattr(args, "revision", None))
-                checked = str(args.model)  # once: the workaround's replays keep the model
-            check_draft_model(getattr(args, "speculative_config", None))
+                checked.add(str(args.model))  # the workaround's replays keep the model and the drafter
+            draft = draft_model(getattr(args, "speculative_config", None))
+            if draft is not None and draft not in checked:
+                check_draft_model(draft)
+                checked.add(draft)
             if emulated:
                 type(platform).emulated_count = gpus or node_gpus(args)
             with phases.phase("inspect"):  # vLLM caches it: the configuration build below finds it

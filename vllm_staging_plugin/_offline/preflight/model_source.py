@@ -18,13 +18,17 @@ def check_model(model: str, revision: str | None) -> None:
     _hub_model_reachable(model, revision)
 
 
-def check_draft_model(speculative_config: object) -> None:
-    """A drafter written as a path in ``--speculative-config`` must be a folder too (exit 2), checked as
-    the model is: vLLM's hub client would report it as an invalid repository id, after retries."""
+def draft_model(speculative_config: object) -> str | None:
+    """The drafter ``--speculative-config`` names (``model``), if it names one."""
     draft = speculative_config.get("model") if isinstance(speculative_config, dict) else None
-    if isinstance(draft, str):
-        _model_folder_exists(draft, "speculative model")
-        _config_is_an_object(draft, "speculative model")
+    return draft if isinstance(draft, str) else None
+
+
+def check_draft_model(draft: str) -> None:
+    """A drafter written as a path must be a folder too (exit 2), checked as the model is: vLLM's hub
+    client would report it as an invalid repository id, after retries."""
+    _model_folder_exists(draft, "speculative model")
+    _config_is_an_object(draft, "speculative model")
 
 
 def check_model_early(argv: Sequence[str]) -> str | None:
