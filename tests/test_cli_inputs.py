@@ -6,8 +6,9 @@ default vLLM's INFO lines and the warnings of a GPU-less machine are hidden; ``-
 
 What needs a fresh process runs in one, all started together: the console script for the two
 pre-flights that import vLLM (quiet, the first check of an architecture; ``-v``), since vLLM reads its
-log level once, when imported. The bad inputs are refused before vLLM is imported; they run as
-``main([...])`` calls in one fresh process per environment (the hub variables are read when
+log level once, when imported, and for ``patch presize --dry-run``. The bad inputs are refused before
+vLLM is imported, but for the last few, which need it (read by its parser, or refused by its config);
+they run as ``main([...])`` calls in one fresh process per environment (the hub variables are read when
 ``huggingface_hub`` is imported), each call's stdout and stderr captured on its own. vLLM's refusal of
 an unknown architecture, and vLLM's log lines beside ``--json``, are met in this process; ``--help`` and
 ``report``, which never import vLLM, run the console script on their own. (The operator's own log level:
@@ -77,6 +78,8 @@ BAD_INPUTS = [  # (words, environment, exit code, the one line says)
     (["--", "./missing-model"], {}, 2, "model './missing-model': no such folder"),
     (["--", "./config.json"], OFFLINE, 2, "model './config.json': a file, not a model folder"),
     (["--", "./listed"], OFFLINE, 2, "model './listed': its config.json holds a JSON list, not an object"),
+    (["--", "./garbled"], OFFLINE, 2,
+     "model './garbled': its config.json cannot be read as JSON (Expecting value"),
     (["--", "qwen3x"], CLOSED_HUB, 2, "model 'qwen3x': no such folder; did you mean 'qwen3'?"),
     (["--", "Qwen/Qwen3-8B"], OFFLINE, 3,
      "model 'Qwen/Qwen3-8B' is not a local folder, not in the Hugging Face cache, and HF_HUB_OFFLINE"),
@@ -125,6 +128,8 @@ def _children(root: Path) -> dict[str, Any]:
     model_folder(root / "qwen3", QWEN3_0_6B)  # the bad inputs' ./qwen3
     (root / "listed").mkdir()
     (root / "zz").mkdir()
+    (root / "garbled").mkdir()
+    (root / "garbled" / "config.json").write_text("not json")
     (root / "zz" / "config.json").write_text("{}")
     (root / "listed" / "config.json").write_text("[1, 2]")
     kimi = model_folder(root / "kimi", KIMI_LINEAR_4_LAYERS)
@@ -184,7 +189,7 @@ def test_each_bad_input_is_one_line_with_its_exit_code(
     as_json = call(children, ["check", "--json", *words], env)
     out = one_json_object(as_json["code"], as_json["out"], as_json["err"])
     assert as_json["code"] == code and message in str(out["message"])
-    if not message.startswith(("vllm serve: error", "speculative model", "ModelConfig")):  # vLLM's answers
+    if not message.startswith(("vllm serve: error", "speculative model", "ModelConfig")):  # need vLLM
         assert not text["vllm"] and not as_json["vllm"]  # refused before vLLM is imported
 
 

@@ -32,7 +32,7 @@ CPU_ONLY = (
 REPORTED = (
     ("vllm.model_executor.models.registry", "Error in inspecting model architecture"),
     ("vllm.model_executor.models.registry", "Error in loading model architecture"),
-    ("vllm.transformers_utils.repo_utils", "%s: %s"),  # with_retry's "Error parsing config for ..." lines
+    ("vllm.transformers_utils.repo_utils", "%s: %s"),  # every with_retry line (config parsing, file lists)
 )
 EXPLAINED = (
     "note: messages about vllm._C and Triton are expected on a machine without a GPU (no CUDA kernels "
