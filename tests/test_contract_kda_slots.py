@@ -21,7 +21,7 @@ from vllm_configs import NGRAM_8, check_platform, vllm_config
 import vllm_staging_plugin
 from vllm_staging_plugin._engine import kda_slots
 from vllm_staging_plugin._engine.wrapping import is_plugin_wrapper
-from vllm_staging_plugin._offline import seams
+from vllm_staging_plugin._offline import seams, vllm_patches
 from vllm_staging_plugin._offline.preflight.refusals import BadArguments
 from vllm_staging_plugin._offline.scoped import items
 
@@ -79,6 +79,12 @@ def configs(*models_and_words: tuple[str, ...]) -> list[Any]:
     try:
         built = [vllm_config(*words) for words in models_and_words]
     except BadArguments as exc:
+        if "--use-replayssm is only supported for" in str(exc):  # 0.27.0-0.28.x: Nemotron-H only
+            pytest.skip(f"this vLLM refuses --use-replayssm for Kimi-Linear: no fault to fix ({exc})")
+        if "not a multiple of the number of attention heads" in str(exc):
+            # 0.28.0's K3 DSpark config is a DeepseekV2Config, which the transformers of this environment
+            # (0.33.0's) validates as multi-head attention: K3's drafter is refused before vLLM sees it
+            pytest.skip(f"the installed transformers refuses this vLLM's K3 drafter config ({exc})")
         if "does not yet support" not in str(exc) or "ngram" not in str(exc):
             raise
         pytest.skip(f"this vLLM's Model Runner V2 refuses the n-gram drafter ({exc})")
@@ -155,6 +161,7 @@ def test_the_variable_turns_it_off(replayssm: tuple[str, ...], monkeypatch: pyte
     assert columns(config) == (1, 9)
 
 
+@pytest.mark.skipif(not vllm_patches.plan("kda").fits, reason="the bundled kda patch does not fit this vLLM")
 @pytest.mark.usefixtures("kda_fixed_vllm")
 def test_on_a_vllm_that_keeps_the_slots_the_plugin_stands_down(
     replayssm: tuple[str, ...], plugin_log: Any

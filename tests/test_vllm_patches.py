@@ -1,5 +1,6 @@
 """The bundled vLLM patches applied without fuzz: the same result as ``patch -p1 --fuzz=0``, undone
-exactly, refused whole when one hunk does not match, and the command's answers for each case."""
+exactly, refused whole when one hunk does not match, fitting exactly the releases each names (this file runs
+on every release the compat matrix covers), and the command's answers for each case."""
 
 from __future__ import annotations
 
@@ -8,10 +9,17 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from release import SIZES_STAGING  # 0.34.0: the presize patch is not for it (tested below)
+from atlas.releases import span
+from release import SIZES_STAGING
 
+from vllm_staging_plugin._engine import compat
 from vllm_staging_plugin._offline import cli, cpu_replay, vllm_patches
 from vllm_staging_plugin._offline.vllm_patches import PATCHES, PatchError
+
+INSTALLED = compat.installed_versions()["vllm"]
+FITS = {name: INSTALLED in span(patch.releases) for name, patch in PATCHES.items()}
+# Releases outside a patch's span that its hunks still match, and why the patch is not for them.
+MATCHES_UNNEEDED = {("kda", "0.28.0"): "it refuses --use-replayssm for Kimi-Linear (Nemotron-H only)"}
 
 
 def vllm_tree(root: Path, name: str) -> Path:
@@ -24,9 +32,25 @@ def vllm_tree(root: Path, name: str) -> Path:
     return root / paths[0]
 
 
+@pytest.mark.parametrize("name", sorted(PATCHES))
+def test_each_patch_fits_the_installed_vllm_exactly_when_it_names_its_release(name: str) -> None:
+    """Inside its span every file applies; outside, the plan says it does not fit or the file is missing
+    (or, on a release of ``MATCHES_UNNEEDED``, it applies where nothing needs it)."""
+    if FITS[name] or (name, INSTALLED) in MATCHES_UNNEEDED:
+        result = vllm_patches.plan(name)
+        assert result.fits and set(result.files.values()) == {"applies"}, (INSTALLED, result.files)
+        return
+    try:
+        result = vllm_patches.plan(name)
+    except PatchError as exc:
+        assert str(exc).startswith("this vLLM has no ") and PATCHES[name].releases in str(exc)
+    else:
+        assert not result.fits, (INSTALLED, result.files)
+
+
 @pytest.mark.parametrize(
     "name",
-    [pytest.param(n, marks=pytest.mark.skipif(n == "presize" and SIZES_STAGING, reason="vLLM sizes itself"))
+    [pytest.param(n, marks=pytest.mark.skipif(not FITS[n], reason=f"vLLM {INSTALLED} is outside its span"))
      for n in sorted(PATCHES)],
 )  # fmt: skip
 def test_applying_matches_the_patch_program_and_reverting_restores_every_byte(
@@ -58,8 +82,14 @@ def test_a_file_that_does_not_match_is_left_untouched(tmp_path: Path) -> None:
     assert target.read_text() == changed
 
 
-def test_a_missing_file_and_a_bad_diff_are_patch_errors(tmp_path: Path) -> None:
-    with pytest.raises(PatchError, match=r"^cannot read .*cudagraph_utils.py: No such file or directory$"):
+def test_a_missing_file_an_unreadable_one_and_a_bad_diff_are_patch_errors(tmp_path: Path) -> None:
+    with pytest.raises(PatchError) as missing:
+        vllm_patches.plan("presize", tmp_path)
+    assert str(missing.value) == (
+        "this vLLM has no vllm/v1/worker/gpu/cudagraph_utils.py (the presize patch fits vLLM 0.30.0-0.33.0)"
+    )
+    (tmp_path / "vllm/v1/worker/gpu/cudagraph_utils.py").mkdir(parents=True)
+    with pytest.raises(PatchError, match=r"^cannot read .*cudagraph_utils.py: Is a directory$"):
         vllm_patches.plan("presize", tmp_path)
     with pytest.raises(PatchError, match="not a unified diff"):
         vllm_patches.parse("just text\n")
@@ -68,15 +98,16 @@ def test_a_missing_file_and_a_bad_diff_are_patch_errors(tmp_path: Path) -> None:
 def test_the_command_says_it_does_not_fit_and_writes_nothing(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    target = vllm_tree(tmp_path, "kda")
+    target = tmp_path / vllm_patches.parse(vllm_patches.text("kda"))[0].path
+    target.parent.mkdir(parents=True)
     target.write_text("# another vLLM\n")
     monkeypatch.setattr(vllm_patches, "vllm_root", lambda: tmp_path)
     assert cli.main(["patch", "kda", "--apply"]) == 1
     out, err = capsys.readouterr()
     assert out == f"does not fit: {target}\n"
     assert err == (
-        "vllm-staging-plugin patch: it does not fit this vLLM (written against vLLM 0.33.0; kda fits "
-        "0.30.0-0.34.0); nothing was written\n"
+        "vllm-staging-plugin patch: it does not fit this vLLM (the kda patch fits vLLM 0.29.0-0.34.0); "
+        "nothing was written\n"
     )
     assert target.read_text() == "# another vLLM\n"
 

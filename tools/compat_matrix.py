@@ -7,8 +7,12 @@ patch, then run the release tests with that overlay first on PYTHONPATH:
 
   supported -> tests/test_contract_vllm.py, tests/test_contract_guarantees.py, tests/test_properties.py,
                tests/test_contract_replay_loop.py, tests/test_cli.py, tests/test_release_support.py,
-               tests/test_seams.py, tests/test_contract_kda_slots.py
+               tests/test_seams.py, tests/test_contract_kda_slots.py, tests/test_vllm_patches.py
   refused   -> tests/test_release_support.py (the plugin leaves vLLM untouched, one warning)
+
+then, for each bundled vLLM patch whose span names the release (vllm_patches.PATCHES), its two upstream
+arms with the same overlay: upstream/run-patched.sh (the regression test passes patched) and
+upstream/run-stock.sh (it fails on the stock release the way the patch fixes).
 
   .venv/bin/python tools/compat_matrix.py 0.18.0 0.24.0 [--json rows.json]   # prints a markdown table
   .venv/bin/python tools/compat_matrix.py --all   # 0.14.0 ... 0.34.0
@@ -28,7 +32,9 @@ import time
 from pathlib import Path
 
 from atlas import overlay
-from atlas.releases import RELEASES, SUPPORTED
+from atlas.releases import RELEASES, SUPPORTED, span
+
+from vllm_staging_plugin._offline.vllm_patches import PATCHES
 
 ROOT = Path(__file__).resolve().parents[1]
 CACHE = ROOT / ".cache" / "compat"
@@ -43,6 +49,7 @@ SUPPORTED_TESTS = [
     "tests/test_release_support.py",
     "tests/test_seams.py",
     "tests/test_contract_kda_slots.py",
+    "tests/test_vllm_patches.py",
 ]
 REFUSED_TESTS = ["tests/test_release_support.py"]
 SUMMARY = re.compile(r"(\d+) (passed|failed|skipped|error|errors)")
@@ -86,23 +93,37 @@ def run_release(version: str) -> dict[str, object]:
         release=version, torch=torch, tests=tail, rc=pytest.returncode,
         passed=counts.get("passed", 0), failed=counts.get("failed", 0) + counts.get("error", 0)
         + counts.get("errors", 0), skipped=counts.get("skipped", 0),
-        seconds=round(time.monotonic() - started, 1),
     )  # fmt: skip
-    if pytest.returncode:
-        result["failures"] = [x for x in pytest.stdout.splitlines() if x.startswith(("FAILED", "ERROR"))][:10]
+    failures = [x for x in pytest.stdout.splitlines() if x.startswith(("FAILED", "ERROR"))][:10]
+    arms = [name for name, patch in PATCHES.items() if version in span(patch.releases)]
+    for name in arms:
+        for arm in ("run-patched.sh", "run-stock.sh"):
+            run = subprocess.run(
+                ["bash", f"upstream/{arm}", name], env={**env, "PYTHON": sys.executable},
+                capture_output=True, text=True, cwd=ROOT,
+            )  # fmt: skip
+            if run.returncode:
+                result["rc"] = run.returncode
+                lines = (run.stdout + run.stderr).strip().splitlines()
+                failures.append(f"upstream/{arm} {name}: {lines[-1] if lines else 'no output'}")
+    result["arms"] = ", ".join(arms) or "none"
+    result["seconds"] = round(time.monotonic() - started, 1)
+    if failures:
+        result["failures"] = failures
     return result
 
 
 def markdown(rows: list[dict[str, object]]) -> str:
     lines = [
-        "| release | torch pin | plugin | why | tests (this release's overlay) |",
-        "|---|---|---|---|---|",
+        "| release | torch pin | plugin | why | tests (this release's overlay) | patch arms |",
+        "|---|---|---|---|---|---|",
     ]
     for r in rows:
         why = str(r["why"]).replace("|", "\\|")
         if r.get("extra_packages"):
             why += f" (test env + {', '.join(r['extra_packages'])})"  # type: ignore[arg-type]
-        lines.append(f"| {r['release']} | {r['torch']} | {r['verdict']} | {why} | {r['tests']} |")
+        arms = r.get("arms", "none")
+        lines.append(f"| {r['release']} | {r['torch']} | {r['verdict']} | {why} | {r['tests']} | {arms} |")
     return "\n".join(lines)
 
 
@@ -120,7 +141,8 @@ def main() -> int:
         row = run_release(version)
         rows.append(row)
         print(
-            f"{version:<8} {row['verdict']:<9} rc={row['rc']} {row['tests']} ({row['seconds']}s) {row['why']}"
+            f"{version:<8} {row['verdict']:<9} rc={row['rc']} {row['tests']}; patch arms: "
+            f"{row.get('arms', 'none')} ({row['seconds']}s) {row['why']}"
         )
         for failure in row.get("failures", []):  # type: ignore[attr-defined]
             print(f"    {failure}")

@@ -53,6 +53,8 @@ def _create_vllm_config(
         num_speculative_tokens=num_spec,
         parallel_drafting=False,
         use_eagle_block_drop=lambda: False,
+        enable_adaptive_verification=False,
+        max_num_new_slots_for_drafting=0,
     )
     vllm_config.num_speculative_tokens = num_spec
     vllm_config.num_hash_lookahead_tokens = 0
@@ -121,6 +123,7 @@ def _host_copies_on_cpu(monkeypatch):
     import vllm.utils.torch_utils as torch_utils
     import vllm.v1.attention.backends.utils as backend_utils
 
+    monkeypatch.setattr(torch_utils, "is_pin_memory_available", lambda: False)
     monkeypatch.setattr(torch_utils, "PIN_MEMORY", False)
     monkeypatch.setattr(backend_utils, "PIN_MEMORY", False)
 

@@ -113,8 +113,9 @@ def patch_command(args: argparse.Namespace) -> int:
     for path, state in result.files.items():
         print(f"{words[state]}: {path}")
     if not result.fits:
-        print("vllm-staging-plugin patch: it does not fit this vLLM (written against vLLM 0.33.0; kda fits "
-              "0.30.0-0.34.0); nothing was written", file=sys.stderr)  # fmt: skip
+        span = vllm_patches.PATCHES[args.name].releases
+        print(f"vllm-staging-plugin patch: it does not fit this vLLM (the {args.name} patch fits vLLM "
+              f"{span}); nothing was written", file=sys.stderr)  # fmt: skip
         return 1
     if args.dry_run or not result.results:
         return 0
@@ -319,7 +320,7 @@ def build_parser() -> argparse.ArgumentParser:
     pat = sub.add_parser(
         "patch",
         description="The fixes to vLLM itself that ship with the plugin, unified diffs against vLLM 0.33.0: "
-        + "; ".join(f"{name}: {what}" for name, (_, what) in PATCHES.items())
+        + "; ".join(f"{name}: {p.summary} (fits vLLM {p.releases})" for name, p in PATCHES.items())
         + ". Without options the diff is printed (for `patch -p1` in the folder holding vllm/).",
         epilog=PATCH_EPILOG,
         formatter_class=raw,

@@ -5,7 +5,8 @@ capture descriptor); ``kda`` is its KDA fix written as one (vLLM's shared Kimi-L
 state slot per speculative token under ``--use-replayssm``), for operators who want the fix inside vLLM.
 Both are unified diffs against vLLM 0.33.0
 (``a/vllm/...``). They are applied here without fuzz and without the ``patch`` program: every hunk's
-lines must be found exactly, or nothing is written.
+lines must be found exactly, or nothing is written. Each names the releases it fits, every one of which CI
+checks: the patch applies, and its upstream regression test fails on the stock release and passes patched.
 """
 
 from __future__ import annotations
@@ -16,16 +17,33 @@ from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
 
+
+@dataclass(frozen=True)
+class BundledPatch:
+    """One shipped patch: its file under ``patches/``, what it does, and the vLLM releases it fits (a span
+    of consecutive releases, first-last)."""
+
+    file: str
+    summary: str
+    releases: str
+
+
 PATCHES = {
-    "presize": (
+    "presize": BundledPatch(
         "presize-staging-buffers.patch",
-        "size vLLM's CUDA-graph staging buffers by the largest capture descriptor (what the plugin does "
-        "from outside)",
+        "size vLLM's CUDA-graph staging buffers by the largest capture descriptor, as the plugin does "
+        "from outside",
+        # 0.30.0-0.33.0: the releases whose own capture order crashes stock staging for Kimi-K3; 0.34.0
+        # sizes the buffers itself, and before 0.30.0 the staging code differs.
+        "0.30.0-0.33.0",
     ),
-    "kda": (
+    "kda": BundledPatch(
         "kda-spec-state-slots.patch",
-        "keep a state slot per speculative token in Kimi-Linear's shared KDA layer under --use-replayssm "
-        "(what the plugin does from outside)",
+        "keep a state slot per speculative token in Kimi-Linear's shared KDA layer under --use-replayssm, "
+        "as the plugin does from outside",
+        # Before 0.29.0 nothing needs it: 0.24.0-0.26.0 have no --use-replayssm, and 0.27.0-0.28.0 refuse
+        # it for Kimi-Linear (0.28.0's file still matches the hunks). 0.34.0 still has the fault.
+        "0.29.0-0.34.0",
     ),
 }
 HUNK = re.compile(r"^@@ -(\d+)(?:,(\d+))? \+(\d+)(?:,(\d+))? @@")
@@ -50,7 +68,7 @@ class FilePatch:
 
 def text(name: str) -> str:
     """The patch's text as shipped."""
-    return (resources.files("vllm_staging_plugin") / "patches" / PATCHES[name][0]).read_text()
+    return (resources.files("vllm_staging_plugin") / "patches" / PATCHES[name].file).read_text()
 
 
 def parse(diff: str) -> list[FilePatch]:
@@ -124,6 +142,10 @@ def plan(name: str, root: Path | None = None, reverse: bool = False) -> Plan:
         path = base / patch.path
         try:
             source = path.read_text()
+        except FileNotFoundError:
+            raise PatchError(
+                f"this vLLM has no {patch.path} (the {name} patch fits vLLM {PATCHES[name].releases})"
+            ) from None
         except OSError as exc:
             raise PatchError(f"cannot read {path}: {exc.strerror or exc}") from None
         lines = source.split("\n")
