@@ -207,6 +207,22 @@ def test_vllms_help_after_the_separator_is_one_json_object_with_json(tmp_path: P
     assert text.out == "" and "usage: vllm serve" in text.err
 
 
+@pytest.mark.parametrize(
+    ("words", "named"),
+    [(["--max-s", "8"], "--max-size"), (["--hidden=8", "--mode", "FULL"], "--mode, --hidden-size"),
+     (["--max-num-seqs", "128"], "--max-num-seqs")],  # the last: the demonstration's default, still given
+)  # fmt: skip
+def test_a_demonstration_option_with_the_separator_is_refused_however_it_is_spelled(
+    words: list[str], named: str, capsys: Any
+) -> None:
+    """argparse takes an abbreviated option and an option given its default value: the pre-flight would
+    ignore either, so each is named and refused, before vLLM or the model folder is looked at."""
+    assert main(["check", *words, "--", "./no-such-model"]) == 2
+    assert capsys.readouterr().err.startswith(
+        f"vllm-staging-plugin check: {named}: options of the demonstration (without `--`)"
+    )
+
+
 def test_patch_presize_dry_run_is_one_line_without_vllms_cpu_noise(children: dict[str, Any]) -> None:
     """Where vLLM sizes its staging itself the answer comes from replaying it on CPU, which imports vLLM:
     its CPU-only messages stay hidden, as in the check. Where the patch fits, vLLM is never imported."""

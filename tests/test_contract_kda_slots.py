@@ -79,10 +79,10 @@ def configs(*models_and_words: tuple[str, ...]) -> list[Any]:
     try:
         built = [vllm_config(*words) for words in models_and_words]
     except BadArguments as exc:
-        if "--use-replayssm is only supported for" in str(exc):  # 0.27.0-0.28.x: Nemotron-H only
+        if "--use-replayssm is only supported for" in str(exc):  # 0.27.0 and 0.28.0: Nemotron-H only
             pytest.skip(f"this vLLM refuses --use-replayssm for Kimi-Linear: no fault to fix ({exc})")
         if "not a multiple of the number of attention heads" in str(exc):
-            # 0.28.0's K3 DSpark config is a DeepseekV2Config, which the transformers of this environment
+            # 0.27.0's and 0.28.0's K3 DSpark config is a DeepseekV2Config, which the transformers here
             # (0.33.0's) validates as multi-head attention: K3's drafter is refused before vLLM sees it
             pytest.skip(f"the installed transformers refuses this vLLM's K3 drafter config ({exc})")
         if "does not yet support" not in str(exc) or "ngram" not in str(exc):

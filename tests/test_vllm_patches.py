@@ -1,6 +1,7 @@
 """The bundled vLLM patches applied without fuzz: the same result as ``patch -p1 --fuzz=0``, undone
-exactly, refused whole when one hunk does not match, fitting exactly the releases each names (this file runs
-on every release the compat matrix covers), and the command's answers for each case."""
+exactly, refused whole when one hunk does not match, fitting every release it is for and no other but those
+pinned in ``MATCHES_UNNEEDED`` (this file runs on every supported release the compat matrix covers), and
+the command's answers for each case."""
 
 from __future__ import annotations
 
@@ -86,7 +87,7 @@ def test_a_missing_file_an_unreadable_one_and_a_bad_diff_are_patch_errors(tmp_pa
     with pytest.raises(PatchError) as missing:
         vllm_patches.plan("presize", tmp_path)
     assert str(missing.value) == (
-        "this vLLM has no vllm/v1/worker/gpu/cudagraph_utils.py (the presize patch fits vLLM 0.30.0-0.33.0)"
+        "this vLLM has no vllm/v1/worker/gpu/cudagraph_utils.py (the presize patch is for vLLM 0.30.0-0.33.0)"
     )
     (tmp_path / "vllm/v1/worker/gpu/cudagraph_utils.py").mkdir(parents=True)
     with pytest.raises(PatchError, match=r"^cannot read .*cudagraph_utils.py: Is a directory$"):
@@ -106,7 +107,7 @@ def test_the_command_says_it_does_not_fit_and_writes_nothing(
     out, err = capsys.readouterr()
     assert out == f"does not fit: {target}\n"
     assert err == (
-        "vllm-staging-plugin patch: it does not fit this vLLM (the kda patch fits vLLM 0.29.0-0.34.0); "
+        "vllm-staging-plugin patch: it does not fit this vLLM (the kda patch is for vLLM 0.29.0-0.34.0); "
         "nothing was written\n"
     )
     assert target.read_text() == "# another vLLM\n"

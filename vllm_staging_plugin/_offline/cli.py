@@ -9,7 +9,7 @@ import json
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import NoReturn
+from typing import Any, NoReturn
 
 from .. import __version__
 from . import main_job
@@ -70,7 +70,7 @@ def render_main_job(job: MainJob) -> str:
 
 def check(args: argparse.Namespace) -> int:
     """The main job: what is installed, whether the plugin would patch it, and a CPU replay."""
-    job = main_job.run(args.mode, args.max_size, args.max_num_seqs, args.hidden_size, args.order)
+    job = main_job.run(**demo_settings(args), order=args.order)
     print(render_main_job(job))
     return job.exit_code
 
@@ -114,7 +114,7 @@ def patch_command(args: argparse.Namespace) -> int:
         print(f"{words[state]}: {path}")
     if not result.fits:
         span = vllm_patches.PATCHES[args.name].releases
-        print(f"vllm-staging-plugin patch: it does not fit this vLLM (the {args.name} patch fits vLLM "
+        print(f"vllm-staging-plugin patch: it does not fit this vLLM (the {args.name} patch is for vLLM "
               f"{span}); nothing was written", file=sys.stderr)  # fmt: skip
         return 1
     if args.dry_run or not result.results:
@@ -232,6 +232,17 @@ def _refuse(message: str, as_json: bool, prog: str = "vllm-staging-plugin check"
     raise SystemExit(2)
 
 
+DEMO_DEFAULTS: dict[str, Any] = {
+    "mode": "FULL_AND_PIECEWISE", "max_size": 512, "max_num_seqs": 128, "hidden_size": 4096,
+}  # fmt: skip
+
+
+def demo_settings(args: argparse.Namespace) -> dict[str, Any]:
+    """The demonstration's synthetic configuration: the options given, the defaults for the rest."""
+    return {dest: default if getattr(args, dest) is None else getattr(args, dest)
+            for dest, default in DEMO_DEFAULTS.items()}  # fmt: skip
+
+
 def build_parser() -> argparse.ArgumentParser:
     raw = argparse.RawDescriptionHelpFormatter
     parser = _Parser(prog="vllm-staging-plugin", description=DESCRIPTION, formatter_class=raw)
@@ -280,10 +291,11 @@ def build_parser() -> argparse.ArgumentParser:
         "x prefill-context parallel, times --data-parallel-size-local, else every engine's GPUs spread over "
         "--nnodes)",
     )
+    # No argparse defaults here (DEMO_DEFAULTS fills them in): a demonstration option given with `--`,
+    # even abbreviated, is then seen as given and refused.
     demo = chk.add_argument_group("demonstration options (without `--`)")
     demo.add_argument(
         "--mode",
-        default="FULL_AND_PIECEWISE",
         choices=("FULL_AND_PIECEWISE", "FULL", "FULL_DECODE_ONLY", "PIECEWISE"),
         metavar="MODE",
         help="cudagraph mode of the synthetic configuration: FULL_AND_PIECEWISE (default), "
@@ -292,19 +304,22 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument(
         "--max-size",
         type=_positive,
-        default=512,
         metavar="N",
-        help="largest capture size of its grid (vLLM's default grid up to N; default 512)",
+        help="largest capture size of its grid (vLLM's default grid up to N; default "
+        f"{DEMO_DEFAULTS['max_size']})",
     )
     demo.add_argument(
-        "--max-num-seqs", type=_positive, default=128, metavar="N", help="its max_num_seqs (default 128)"
+        "--max-num-seqs",
+        type=_positive,
+        metavar="N",
+        help=f"its max_num_seqs (default {DEMO_DEFAULTS['max_num_seqs']})",
     )
     demo.add_argument(
         "--hidden-size",
         type=_positive,
-        default=4096,
         metavar="N",
-        help="its hidden size, the staging buffers' width (default 4096, Qwen3-8B)",
+        help="its hidden size, the staging buffers' width (default "
+        f"{DEMO_DEFAULTS['hidden_size']}, Qwen3-8B)",
     )
     rep = sub.add_parser(
         "report",
@@ -320,7 +335,7 @@ def build_parser() -> argparse.ArgumentParser:
     pat = sub.add_parser(
         "patch",
         description="The fixes to vLLM itself that ship with the plugin, unified diffs against vLLM 0.33.0: "
-        + "; ".join(f"{name}: {p.summary} (fits vLLM {p.releases})" for name, p in PATCHES.items())
+        + "; ".join(f"{name}: {p.summary} (for vLLM {p.releases})" for name, p in PATCHES.items())
         + ". Without options the diff is printed (for `patch -p1` in the folder holding vllm/).",
         epilog=PATCH_EPILOG,
         formatter_class=raw,
@@ -365,9 +380,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         return internal.fail(exc, "vllm-staging-plugin", verbose, as_json="--json" in words)
 
 
-DEMO_OPTIONS = ("--mode", "--max-size", "--max-num-seqs", "--hidden-size")
-
-
 def _run(parser: argparse.ArgumentParser, words: list[str], serve_args: list[str] | None) -> int:
     args, unknown = parser.parse_known_args(words)
     if unknown and args.command == "check" and serve_args is None and not unknown[0].startswith("-"):
@@ -383,7 +395,7 @@ def _run(parser: argparse.ArgumentParser, words: list[str], serve_args: list[str
         return report_command(args) if args.command == "report" else patch_command(args)
     if serve_args is not None and not serve_args:
         _refuse(f"nothing after `--`: {PREFLIGHT_FORM}", args.json)
-    demo = [w for w in (word.split("=", 1)[0] for word in words) if w in DEMO_OPTIONS]
+    demo = [f"--{dest.replace('_', '-')}" for dest in DEMO_DEFAULTS if getattr(args, dest, None) is not None]
     if serve_args is not None and demo:  # ignored by the pre-flight: never silently
         _refuse(f"{', '.join(demo)}: options of the demonstration (without `--`); a vllm serve option goes "
                 f"after `--`: {PREFLIGHT_FORM}", args.json)  # fmt: skip

@@ -5,8 +5,9 @@ capture descriptor); ``kda`` is its KDA fix written as one (vLLM's shared Kimi-L
 state slot per speculative token under ``--use-replayssm``), for operators who want the fix inside vLLM.
 Both are unified diffs against vLLM 0.33.0
 (``a/vllm/...``). They are applied here without fuzz and without the ``patch`` program: every hunk's
-lines must be found exactly, or nothing is written. Each names the releases it fits, every one of which CI
-checks: the patch applies, and its upstream regression test fails on the stock release and passes patched.
+lines must be found exactly, or nothing is written ("fits": every hunk matches the installed files). Each
+names the releases it is for, those that need it, every one of which CI checks: the patch fits, and its
+upstream regression test fails on the stock release and passes patched.
 """
 
 from __future__ import annotations
@@ -20,8 +21,8 @@ from pathlib import Path
 
 @dataclass(frozen=True)
 class BundledPatch:
-    """One shipped patch: its file under ``patches/``, what it does, and the vLLM releases it fits (a span
-    of consecutive releases, first-last)."""
+    """One shipped patch: its file under ``patches/``, what it does, and the vLLM releases it is for (a
+    span of consecutive releases, first-last)."""
 
     file: str
     summary: str
@@ -41,8 +42,9 @@ PATCHES = {
         "kda-spec-state-slots.patch",
         "keep a state slot per speculative token in Kimi-Linear's shared KDA layer under --use-replayssm, "
         "as the plugin does from outside",
-        # Before 0.29.0 nothing needs it: 0.24.0-0.26.0 have no --use-replayssm, and 0.27.0-0.28.0 refuse
-        # it for Kimi-Linear (0.28.0's file still matches the hunks). 0.34.0 still has the fault.
+        # Read before 0.29.0, nothing needs it: 0.24.0, 0.25.0 and 0.26.0 have no --use-replayssm, 0.27.0
+        # and 0.28.0 refuse it for Kimi-Linear (0.28.0's file still matches the hunks); 0.18.0 has no such
+        # layer. 0.34.0 still has the fault.
         "0.29.0-0.34.0",
     ),
 }
@@ -144,7 +146,7 @@ def plan(name: str, root: Path | None = None, reverse: bool = False) -> Plan:
             source = path.read_text()
         except FileNotFoundError:
             raise PatchError(
-                f"this vLLM has no {patch.path} (the {name} patch fits vLLM {PATCHES[name].releases})"
+                f"this vLLM has no {patch.path} (the {name} patch is for vLLM {PATCHES[name].releases})"
             ) from None
         except OSError as exc:
             raise PatchError(f"cannot read {path}: {exc.strerror or exc}") from None
