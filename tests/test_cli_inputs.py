@@ -223,6 +223,30 @@ def test_a_demonstration_option_with_the_separator_is_refused_however_it_is_spel
     )
 
 
+@pytest.mark.parametrize(
+    ("constants", "says"),
+    [({"HF_HUB_OFFLINE": True}, "is not a local folder, not in the Hugging Face cache, and HF_HUB_OFFLINE"),
+     ({"HF_HUB_OFFLINE": False, "ENDPOINT": "http://127.0.0.1:9"},
+      "is not a local folder and the hub (127.0.0.1) cannot be reached")],
+)  # fmt: skip
+def test_a_hub_drafter_is_checked_as_the_model_is(
+    constants: dict[str, Any], says: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: Any
+) -> None:
+    """A drafter named by a hub id, neither cached nor reachable, is exit 3 in one line, at once (vLLM's
+    hub client would retry for half a minute, then call it an invalid repository id: exit 2)."""
+    import huggingface_hub.constants
+
+    model = model_folder(tmp_path / "qwen3", QWEN3_0_6B)
+    for name, value in constants.items():
+        monkeypatch.setattr(huggingface_hub.constants, name, value)
+    spec = '{"method": "eagle3", "model": "org/drafter", "num_speculative_tokens": 3}'
+    with terminal_logs():
+        assert main(["check", "--", model, "--speculative-config", spec]) == 3
+    err = capsys.readouterr().err
+    assert err.startswith(f"vllm-staging-plugin check: cannot check on this machine: speculative model "
+                          f"'org/drafter' {says}") and err.count("\n") == 1, err  # fmt: skip
+
+
 def test_patch_presize_dry_run_is_one_line_without_vllms_cpu_noise(children: dict[str, Any]) -> None:
     """Where vLLM sizes its staging itself the answer comes from replaying it on CPU, which imports vLLM:
     its CPU-only messages stay hidden, as in the check. Where the patch fits, vLLM is never imported."""

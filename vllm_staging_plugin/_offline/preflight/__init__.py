@@ -26,7 +26,7 @@ from . import workaround
 from .arguments import PARSER_MODULE, check_order, has_serve_parser, parse_serve_arguments
 from .configure import create_engine_config, inspect_model_classes
 from .missing import missing_behind
-from .model_source import check_draft_model, check_model, check_model_early, draft_model
+from .model_source import check_model, check_model_early, draft_model
 from .phases import Phases
 from .platform import GPUS, Gpu, node_gpus, platform_for_check, platform_json
 from .refusals import GPU_HOST, BadArguments, CannotCheckHere
@@ -114,9 +114,9 @@ def run(
                 check_model(str(args.model), getattr(args, "revision", None))
                 checked.add(str(args.model))  # the workaround's replays keep the model and the drafter
             draft = draft_model(getattr(args, "speculative_config", None))
-            if draft is not None and draft not in checked:
-                check_draft_model(draft)
-                checked.add(draft)
+            if draft is not None and draft[0] not in checked:
+                check_model(*draft, role="speculative model")
+                checked.add(draft[0])
             if emulated:
                 type(platform).emulated_count = gpus or node_gpus(args)
             with phases.phase("inspect"):  # vLLM caches it: the configuration build below finds it

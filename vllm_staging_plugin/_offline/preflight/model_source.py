@@ -10,25 +10,21 @@ from .refusals import BadArguments, CannotCheckHere
 HUB_TIMEOUT = 3.0  # seconds to wait for the hub's address before saying it cannot be reached
 
 
-def check_model(model: str, revision: str | None) -> None:
+def check_model(model: str, revision: str | None, role: str = "model") -> None:
     """A missing or mistyped folder, or one whose config.json is no JSON object (exit 2), a hub name
-    neither cached nor reachable (exit 3): one line."""
-    _model_folder_exists(model)
-    _config_is_an_object(model)
-    _hub_model_reachable(model, revision)
+    neither cached nor reachable (exit 3): one line. ``role`` names it ("speculative model": the drafter,
+    which vLLM's hub client would otherwise report as an invalid repository id, after retries)."""
+    _model_folder_exists(model, role)
+    _config_is_an_object(model, role)
+    _hub_model_reachable(model, revision, role)
 
 
-def draft_model(speculative_config: object) -> str | None:
-    """The drafter ``--speculative-config`` names (``model``), if it names one."""
-    draft = speculative_config.get("model") if isinstance(speculative_config, dict) else None
-    return draft if isinstance(draft, str) else None
-
-
-def check_draft_model(draft: str) -> None:
-    """A drafter written as a path must be a folder too (exit 2), checked as the model is: vLLM's hub
-    client would report it as an invalid repository id, after retries."""
-    _model_folder_exists(draft, "speculative model")
-    _config_is_an_object(draft, "speculative model")
+def draft_model(speculative_config: object) -> tuple[str, str | None] | None:
+    """The drafter ``--speculative-config`` names (``model``) and its ``revision``, if it names one."""
+    if not isinstance(speculative_config, dict) or not isinstance(speculative_config.get("model"), str):
+        return None
+    revision = speculative_config.get("revision")
+    return speculative_config["model"], revision if isinstance(revision, str) else None
 
 
 def check_model_early(argv: Sequence[str]) -> str | None:
@@ -71,7 +67,7 @@ def _config_is_an_object(model: str, role: str = "model") -> None:
         raise BadArguments(f"{role} {model!r}: its config.json holds a JSON {kind}, not an object") from None
 
 
-def _typo_of_a_folder(model: str) -> None:
+def _typo_of_a_folder(model: str, role: str) -> None:
     """A name that is no folder but close to one beside it is a mistyped folder (exit 2), not a hub name."""
     import difflib
     import os
@@ -84,10 +80,10 @@ def _typo_of_a_folder(model: str) -> None:
     close = difflib.get_close_matches(name, folders, n=1, cutoff=0.8)
     if close:
         guess = os.path.join(parent, close[0]) if parent else close[0]
-        raise BadArguments(f"model {model!r}: no such folder; did you mean {guess!r}?")
+        raise BadArguments(f"{role} {model!r}: no such folder; did you mean {guess!r}?")
 
 
-def _hub_model_reachable(model: str, revision: str | None) -> None:
+def _hub_model_reachable(model: str, revision: str | None, role: str) -> None:
     """A hub name needs its config.json from the cache or the hub: when neither can give it, say so at
     once (exit 3) instead of letting the hub client retry for half a minute."""
     import os
@@ -105,19 +101,19 @@ def _hub_model_reachable(model: str, revision: str | None) -> None:
     try:
         cached = try_to_load_from_cache(model, "config.json", revision=revision)
     except Exception:  # not a valid repository id, so not a hub model: a folder that is not there
-        _typo_of_a_folder(model)
+        _typo_of_a_folder(model, role)
         raise BadArguments(
-            f"model {model!r}: no such folder, and not a Hugging Face repository id (a local model is a "
+            f"{role} {model!r}: no such folder, and not a Hugging Face repository id (a local model is a "
             "folder holding its config.json)"
         ) from None
     if isinstance(cached, str):
         return
-    _typo_of_a_folder(model)
+    _typo_of_a_folder(model, role)
     fix = (f"put its config.json in a folder and give that folder (./{model.rsplit('/', 1)[-1]}), or run "
            "where the hub is reachable")  # fmt: skip
     if HF_HUB_OFFLINE:
         raise CannotCheckHere(
-            f"model {model!r} is not a local folder, not in the Hugging Face cache, and HF_HUB_OFFLINE is "
+            f"{role} {model!r} is not a local folder, not in the Hugging Face cache, and HF_HUB_OFFLINE is "
             f"set (unset it to fetch the config): {fix}"
         )
     host = urlparse(ENDPOINT).hostname or "huggingface.co"
@@ -125,6 +121,6 @@ def _hub_model_reachable(model: str, revision: str | None) -> None:
         socket.create_connection((host, 443), timeout=HUB_TIMEOUT).close()
     except OSError as exc:
         raise CannotCheckHere(
-            f"model {model!r} is not a local folder and the hub ({host}) cannot be reached from this machine "
-            f"({exc}): {fix}"
+            f"{role} {model!r} is not a local folder and the hub ({host}) cannot be reached from this "
+            f"machine ({exc}): {fix}"
         ) from None
