@@ -477,3 +477,41 @@ def test_a_plugin_replay_that_breaks_answers_nothing_and_exits_5(
         "with the plugin at pipeline stage 0: the replay broke (TypeError: capture() got an unexpected "
         "keyword argument 'attn_groups')"
     ]
+
+
+NOT_LOADED = [  # --speculative-config values whose `model` vLLM does not load as a model
+    {"model": "[ngram]", "num_speculative_tokens": 2, "prompt_lookup_max": 2},
+    {"model": "ngram", "num_speculative_tokens": 2},
+    {"method": "ngram", "model": "org/any-name", "num_speculative_tokens": 2},
+    {"method": "ngram_gpu", "model": "org/any-name", "num_speculative_tokens": 2},
+    {"method": "extract_hidden_states", "model": "org/any-name", "num_speculative_tokens": 1},
+]
+PROPOSER = {"model": "my_pkg.MyProposer", "num_speculative_tokens": 2}  # a class on 0.29.0-0.33.0
+
+
+@pytest.mark.parametrize("spec", [*NOT_LOADED, PROPOSER], ids=lambda s: f"{s.get('method')}-{s['model']}")
+def test_the_drafter_is_checked_exactly_when_vllm_loads_its_name_as_a_model(
+    spec: dict[str, Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """vLLM's own SpeculativeConfig, with the hub offline: where it builds the configuration without
+    loading ``model`` the pre-flight leaves the name alone; where it loads it (an EAGLE3 folder; on 0.34.0
+    a dotted name too, which it tries as a hub id) the pre-flight checks it."""
+    import huggingface_hub.constants
+    from vllm_configs import vllm_config
+
+    from vllm_staging_plugin._offline.preflight import model_source
+    from vllm_staging_plugin._offline.preflight.refusals import BadArguments
+
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+    model = model_folder(tmp_path / "qwen3", QWEN3_0_6B)
+    drafter = {"method": "eagle3", "model": model, "num_speculative_tokens": 2}
+    eagle = vllm_config(model, "--speculative-config", json.dumps(drafter)).speculative_config
+    assert eagle.draft_model_config.model == model and model_source.draft_model(drafter) == (model, None)
+    try:
+        built = vllm_config(model, "--speculative-config", json.dumps(spec)).speculative_config
+    except BadArguments as exc:  # vLLM tried `model` as a hub id: the pre-flight checks it first
+        assert spec is PROPOSER and "Invalid repository ID" in str(exc)
+        assert model_source.draft_model(spec) == (spec["model"], None)
+        return
+    assert built.draft_model_config is None or built.draft_model_config.model != spec["model"]
+    assert model_source.draft_model(spec) is None

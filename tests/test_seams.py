@@ -349,3 +349,20 @@ def test_the_manager_inputs_are_what_model_runner_v2_would_pass(kimi_linear: str
     hidden = KIMI_LINEAR_4_LAYERS["hidden_size"]
     assert (inputs.hidden_size, str(inputs.dtype), inputs.aux_layers) == (hidden, "torch.bfloat16", 0)
     assert not inputs.varlen_decode and not inputs.dbo and inputs.notes
+
+
+def test_a_dotted_drafter_name_is_a_proposer_class_where_vllm_reads_one() -> None:
+    """0.29.0-0.33.0 read ``pkg.MyProposer`` (no method) as a proposer class, 0.34.0 as a model to load."""
+    from vllm.config.speculative import SpeculativeConfig
+
+    from vllm_staging_plugin._engine.compat import installed_versions
+
+    reads_classes = hasattr(SpeculativeConfig, "_is_custom_proposer_path")
+    version = installed_versions()["vllm"]
+    if version in span("0.29.0-0.33.0"):
+        assert reads_classes
+    elif version == "0.34.0":
+        assert not reads_classes
+    assert seams.proposer_class_path("my_pkg.MyProposer") == reads_classes
+    for model in ("Qwen/Qwen3-8B", "drafter", "./x.y", "https://host/a.b"):
+        assert not seams.proposer_class_path(model)

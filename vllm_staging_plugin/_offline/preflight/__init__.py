@@ -92,7 +92,8 @@ def run(
     from ..._engine import compat
 
     check_order(order, order_from)
-    checked = {check_model_early(argv)}  # the model and drafter sources checked: each once
+    early = check_model_early(argv)
+    checked: set[tuple[str, str | None]] = {(early, None)} if early else set()  # (model, revision): once
     from .. import cpu_replay  # torch and vLLM: only once the arguments look right
     from .replay import plugin_settings, replay_arm, replay_stock
 
@@ -110,13 +111,14 @@ def run(
         def configure(words: Sequence[str]) -> Any:
             # the parser's defaults build a DeviceConfig too, so it runs on the check's platform
             args = parse_serve_arguments(words)
-            if str(args.model) not in checked:  # `--model X` or `--revision`: what the early check left
-                check_model(str(args.model), getattr(args, "revision", None))
-                checked.add(str(args.model))  # the workaround's replays keep the model and the drafter
+            model = (str(args.model), getattr(args, "revision", None))
+            if model not in checked:  # `--model X` or `--revision`: what the early check left
+                check_model(*model)
+                checked.add(model)  # the workaround's replays keep the model and the drafter
             draft = draft_model(getattr(args, "speculative_config", None))
-            if draft is not None and draft[0] not in checked:
+            if draft is not None and draft not in checked:
                 check_model(*draft, role="speculative model")
-                checked.add(draft[0])
+                checked.add(draft)
             if emulated:
                 type(platform).emulated_count = gpus or node_gpus(args)
             with phases.phase("inspect"):  # vLLM caches it: the configuration build below finds it

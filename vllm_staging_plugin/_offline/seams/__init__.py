@@ -6,11 +6,12 @@ names the private it uses, the releases it was read on, and what happens when vL
 tests/test_seams.py runs each against the installed vLLM, and CI against every release it covers.
 
 A changed private makes most seams raise (``SeamChanged``, or vLLM's own AttributeError / ImportError) or
-return "does not apply", and the caller reports that the check could not be made. Three degrade instead,
+return "does not apply", and the caller reports that the check could not be made. Four degrade instead,
 each saying how in its docstring: ``config_failure`` (a changed sentence reads as vLLM's own refusal,
-exit 2), ``manager_inputs`` (the auxiliary-buffer count falls back to the draft's layer ids, or 3) and
+exit 2), ``manager_inputs`` (the auxiliary-buffer count falls back to the draft's layer ids, or 3),
 ``capability_family`` (a renamed method is no longer asked: the derived ceiling stays 512, which
-tests/test_seams.py's per-release pin catches). No other offline module reaches a vLLM private or
+tests/test_seams.py's per-release pin catches) and ``proposer_class_path`` (a missing rule reads every
+dotted drafter name as a model, as 0.34.0 does). No other offline module reaches a vLLM private or
 rebinds a vLLM global.
 """
 
@@ -22,6 +23,7 @@ from .config import (
     inspect_architecture,
     model_class,
     model_import_error,
+    proposer_class_path,
     split_capture_sizes,
 )
 from .kda import KdaMixedStep, fault_at_boot, kda_layer_class, kda_mixed_step
@@ -55,5 +57,5 @@ __all__ = [
     "kda_layer_class",
     "kda_mixed_step", "kernel_library_answers", "manager_features", "manager_inputs", "model_class",
     "model_import_error",
-    "new_manager", "platform_bound", "replayed_plan", "split_capture_sizes",
+    "new_manager", "platform_bound", "proposer_class_path", "replayed_plan", "split_capture_sizes",
 ]  # fmt: skip

@@ -106,3 +106,15 @@ def config_failure(exc: BaseException) -> tuple[str, str]:
     if "are not supported for now" in text:
         return "unknown-architecture", text.split(". Supported architectures")[0]
     return "refusal", text
+
+
+def proposer_class_path(model: str) -> bool:
+    """Whether this vLLM reads a speculative ``model`` with no ``method`` as a proposer class's import path
+    (``pkg.MyProposer``) rather than a model to load. Private: ``SpeculativeConfig._is_custom_proposer_path``
+    (read on 0.29.0-0.33.0). 0.34.0 has none (it registers custom methods by name and loads a dotted
+    ``model`` as a model): False there, and wherever the private is gone, so the drafter is checked as
+    the model it then is."""
+    from vllm.config.speculative import SpeculativeConfig
+
+    rule = getattr(SpeculativeConfig, "_is_custom_proposer_path", None)
+    return bool(rule(model)) if callable(rule) else False
