@@ -8,10 +8,6 @@ from collections.abc import Sequence
 from .refusals import BadArguments, CannotCheckHere
 
 HUB_TIMEOUT = 3.0  # seconds to wait for the hub's address before saying it cannot be reached
-# --speculative-config methods whose ``model`` vLLM loads as a model (vllm/config/speculative.py; 0.33.0,
-# 0.34.0), and any "*_mtp" (vLLM maps those to mtp). Others (n-gram, suffix decoding, a proposer class,
-# the hidden-state extractor, a method a package registers) are left to vLLM's own answer.
-LOADS_A_MODEL = frozenset({"draft_model", "eagle", "eagle3", "dflash", "dspark", "mtp"})
 
 
 def check_model(model: str, revision: str | None, role: str = "model") -> None:
@@ -25,22 +21,15 @@ def check_model(model: str, revision: str | None, role: str = "model") -> None:
 
 def draft_model(speculative_config: object) -> tuple[str, str | None] | None:
     """The drafter ``--speculative-config`` names (``model``) and its ``revision``, when vLLM loads that
-    name as a model: a method of :data:`LOADS_A_MODEL` (or ``*_mtp``), or none given where vLLM infers a
-    draft model (not ``"ngram"`` / ``"[ngram]"``, not a proposer class's path as this vLLM reads one).
-    vLLM is imported by then (its parser has read the option)."""
+    name as a model (``seams.loads_drafter``; vLLM is imported by then: its parser read the option)."""
+    from .. import seams
+
     if not isinstance(speculative_config, dict) or not isinstance(speculative_config.get("model"), str):
         return None
-    model: str = speculative_config["model"]
-    method = speculative_config.get("method")
-    if method is None:
-        from .. import seams
-
-        if model in ("ngram", "[ngram]") or seams.proposer_class_path(model):
-            return None
-    elif not isinstance(method, str) or not (method in LOADS_A_MODEL or method.endswith("_mtp")):
+    if not seams.loads_drafter(speculative_config.get("method"), speculative_config["model"]):
         return None
     revision = speculative_config.get("revision")
-    return model, revision if isinstance(revision, str) else None
+    return speculative_config["model"], revision if isinstance(revision, str) else None
 
 
 def check_model_early(argv: Sequence[str]) -> str | None:

@@ -1,5 +1,6 @@
 """The offline code's door into vLLM's private internals, one module per vLLM area: ``config`` (the capture
-grid vLLM derives, the model class it resolves, what its failures mean), ``manager`` (Model Runner V2's
+grid vLLM derives, the model class it resolves, what its failures mean, which drafter names it loads as
+a model), ``manager`` (Model Runner V2's
 CUDA-graph manager: how the runner builds it, what it hands it, its capture on CPU), ``kda`` (the Kimi
 KDA layers' state index) and ``platform`` (the CUDA platform on a machine without CUDA). Each function
 names the private it uses, the releases it was read on, and what happens when vLLM changes it;
@@ -21,6 +22,7 @@ from .config import (
     config_failure,
     derive_capture_sizes,
     inspect_architecture,
+    loads_drafter,
     model_class,
     model_import_error,
     proposer_class_path,
@@ -54,8 +56,7 @@ __all__ = [
     "capability_family", "capture_arguments", "capture_on_cpu", "capture_plan", "config_failure",
     "cpu_capture_edges", "cuda_platform_class", "cudagraph_module", "derive_capture_sizes",
     "fault_at_boot", "graph_pool_stub", "import_under_machine_platform", "inspect_architecture",
-    "kda_layer_class",
-    "kda_mixed_step", "kernel_library_answers", "manager_features", "manager_inputs", "model_class",
-    "model_import_error",
-    "new_manager", "platform_bound", "proposer_class_path", "replayed_plan", "split_capture_sizes",
+    "kda_layer_class", "kda_mixed_step", "kernel_library_answers", "loads_drafter", "manager_features",
+    "manager_inputs", "model_class", "model_import_error", "new_manager", "platform_bound",
+    "proposer_class_path", "replayed_plan", "split_capture_sizes",
 ]  # fmt: skip

@@ -1,4 +1,5 @@
-"""Seams into vLLM's configuration code: the capture grid it derives and the model class it resolves."""
+"""Seams into vLLM's configuration code: the capture grid it derives, the model class it resolves, and
+which speculative ``model`` names it loads as a model."""
 
 from __future__ import annotations
 
@@ -106,6 +107,21 @@ def config_failure(exc: BaseException) -> tuple[str, str]:
     if "are not supported for now" in text:
         return "unknown-architecture", text.split(". Supported architectures")[0]
     return "refusal", text
+
+
+# --speculative-config methods whose ``model`` vLLM loads as a model (vllm/config/speculative.py, read on
+# 0.33.0 and 0.34.0), besides any "*_mtp" (vLLM maps those to mtp). Not n-gram, suffix decoding, a proposer
+# class, the hidden-state extractor, nor a method a package registers: vLLM's own answer stands for those.
+LOADS_A_MODEL = frozenset({"draft_model", "eagle", "eagle3", "dflash", "dspark", "mtp"})
+
+
+def loads_drafter(method: object, model: str) -> bool:
+    """Whether vLLM loads ``--speculative-config``'s ``model`` as a model for ``method`` (None: vLLM infers
+    it: n-gram for ``"ngram"`` / ``"[ngram]"``, a proposer class for a dotted path where it reads one
+    (:func:`proposer_class_path`), else a draft model)."""
+    if method is None:
+        return model not in ("ngram", "[ngram]") and not proposer_class_path(model)
+    return isinstance(method, str) and (method in LOADS_A_MODEL or method.endswith("_mtp"))
 
 
 def proposer_class_path(model: str) -> bool:
