@@ -24,12 +24,12 @@ def draft_model(speculative_config: object) -> tuple[str, str | None] | None:
     name as a model (``seams.loads_drafter``; vLLM is imported by then: its parser read the option)."""
     from .. import seams
 
-    if not isinstance(speculative_config, dict) or not isinstance(speculative_config.get("model"), str):
+    if not isinstance(speculative_config, dict):
         return None
-    if not seams.loads_drafter(speculative_config.get("method"), speculative_config["model"]):
+    model, revision = speculative_config.get("model"), speculative_config.get("revision")
+    if not isinstance(model, str) or not seams.loads_drafter(speculative_config.get("method"), model):
         return None
-    revision = speculative_config.get("revision")
-    return speculative_config["model"], revision if isinstance(revision, str) else None
+    return model, revision if isinstance(revision, str) else None
 
 
 def check_model_early(argv: Sequence[str]) -> str | None:
@@ -41,7 +41,7 @@ def check_model_early(argv: Sequence[str]) -> str | None:
     return argv[0]
 
 
-def _model_folder_exists(model: str, role: str = "model") -> None:
+def _model_folder_exists(model: str, role: str) -> None:
     """A model written as a path (``/``, ``./``, ``../``, ``~``) must be a folder: say so in one line.
 
     Without this, vLLM's hub client reports a missing folder as an invalid repository id.
@@ -53,7 +53,7 @@ def _model_folder_exists(model: str, role: str = "model") -> None:
         raise BadArguments(f"{role} {model!r}: {what} (a local model is a folder holding its config.json)")
 
 
-def _config_is_an_object(model: str, role: str = "model") -> None:
+def _config_is_an_object(model: str, role: str) -> None:
     """A local folder's config.json must hold one JSON object (vLLM would fail on it with a bare
     ``AttributeError`` or a decoder error)."""
     import json
