@@ -113,9 +113,8 @@ def patch_command(args: argparse.Namespace) -> int:
     for path, state in result.files.items():
         print(f"{words[state]}: {path}")
     if not result.fits:
-        span = vllm_patches.PATCHES[args.name].releases
-        print(f"vllm-staging-plugin patch: it does not fit this vLLM (the {args.name} patch is for vLLM "
-              f"{span}); nothing was written", file=sys.stderr)  # fmt: skip
+        print(f"vllm-staging-plugin patch: it does not fit this vLLM ({vllm_patches.releases_of(args.name)});"
+              " nothing was written", file=sys.stderr)  # fmt: skip
         return 1
     if args.dry_run or not result.results:
         return 0

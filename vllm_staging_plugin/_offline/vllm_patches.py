@@ -68,6 +68,11 @@ class FilePatch:
     hunks: list[Hunk] = field(default_factory=list)
 
 
+def releases_of(name: str) -> str:
+    """The clause every refusal of the patch ends with: which releases it is for."""
+    return f"the {name} patch is for vLLM {PATCHES[name].releases}"
+
+
 def text(name: str) -> str:
     """The patch's text as shipped."""
     return (resources.files("vllm_staging_plugin") / "patches" / PATCHES[name].file).read_text()
@@ -145,9 +150,7 @@ def plan(name: str, root: Path | None = None, reverse: bool = False) -> Plan:
         try:
             source = path.read_text()
         except FileNotFoundError:
-            raise PatchError(
-                f"this vLLM has no {patch.path} (the {name} patch is for vLLM {PATCHES[name].releases})"
-            ) from None
+            raise PatchError(f"this vLLM has no {patch.path} ({releases_of(name)})") from None
         except OSError as exc:
             raise PatchError(f"cannot read {path}: {exc.strerror or exc}") from None
         lines = source.split("\n")
