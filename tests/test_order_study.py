@@ -124,13 +124,34 @@ def test_the_kv_cache_lines_are_read_from_the_engine_log(tmp_path: Path) -> None
     record = logs.analyse_log(text, tmp_path / "trim.log")
     assert record["vllm_available_kv_gib"] == 36.57 and record["vllm_kv_tokens"] == 311_296
     assert record["vllm_took_gib"] == 2.05
+    assert record["attention_backend"] is None  # no backend line: said, not guessed
+
+
+@pytest.mark.parametrize(
+    ("lines", "backend"),
+    [
+        (["[cuda.py:481] Using FLASH_ATTN attention backend out of potential backends: ['FLASH_ATTN', "
+          "'FLASHINFER', 'TRITON_ATTN', 'FLEX_ATTENTION']."], "FLASH_ATTN"),  # vLLM's own pick
+        (["[cuda.py:420] Using TRITON_ATTN backend."], "TRITON_ATTN"),  # a forced one
+        (["[cuda.py:420] Using AttentionBackendEnum.TRITON_ATTN backend."], "TRITON_ATTN"),
+        (["(EngineCore) Using V2 Model Runner", "Using FLASH_ATTN attention backend out of ...",
+          "Using FLASH_ATTN attention backend out of ...", "Using FLASHMLA attention backend out of ..."],
+         "FLASH_ATTN+FLASHMLA"),  # every backend once, first seen first
+    ],
+)  # fmt: skip
+def test_the_attention_backend_is_read_from_the_engine_log(
+    tmp_path: Path, lines: list[str], backend: str
+) -> None:
+    record = logs.analyse_log("\n".join(lines), tmp_path / "trim.log")
+    assert record["attention_backend"] == backend
+    assert "backend" in (tmp_path / "trim.log").read_text()  # the trimmed log keeps the line
 
 
 def _boot(model: str, order: str, r: int, took: float, pool: int, drop: int, secs: float) -> dict[str, Any]:
     return {"boot_id": f"r{r}-{model}-{order}-plugin", "model": model, "order": order, "arm": "plugin",
             "ok": True, "vllm_took_gib": took, "receipt_graph_pool_reserved_bytes": pool,
             "receipt_graph_memory_bytes": drop, "receipt_capture_seconds": secs,
-            "vllm_kv_tokens": 311_296}  # fmt: skip
+            "vllm_kv_tokens": 311_296, "attention_backend": "FLASHMLA"}  # fmt: skip
 
 
 def test_the_order_table_gives_every_boot_and_the_ratios_to_vllms_order(
@@ -143,13 +164,18 @@ def test_the_order_table_gives_every_boot_and_the_ratios_to_vllms_order(
         _boot("k3", "full-first", 0, 2.04, 2 * gib, 4 * gib, 0.7),
         _boot("k3", "full-first", 1, 2.04, 2 * gib, 4 * gib, 0.9),
         {**_boot("k3", "ascending", 0, 9.0, 9 * gib, 9 * gib, 1.0), "arm": "stock"},  # not the plugin's
+        {**_boot("k3", "full-first", 2, 9.0, 9 * gib, 9 * gib, 1.0), "attention_backend": "TRITON_ATTN"},
     ]
     summary.orders(boots)
-    rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| k3 |")]
+    out = capsys.readouterr().out.splitlines()
+    rows = [line for line in out if line.startswith("| k3 (FLASHMLA) |")]
     assert [row.split(" | ")[1] for row in rows] == ["descending", "full-first"]  # vLLM's order first
     cells = rows[1].strip("| ").split(" | ")
     assert cells[2] == "2" and cells[3] == "2.04 (2.04, 2.04)" and cells[4] == "2.000 (2.000, 2.000)"
     assert cells[8:] == ["0.995", "1.000", "2.000", "1.143", "1.000"]  # took, pool, drop, seconds, KV
+    other = [line for line in out if line.startswith("| k3 (TRITON_ATTN) |")]  # another backend: its own
+    assert [row.split(" | ")[1:3] for row in other] == [["full-first", "1"]]  # study, never pooled
+    assert other[0].endswith("| - | - | - | - | - |")  # no descending on that backend: no ratio
     summary.plot_orders(boots, tmp_path / "study.png")
     assert (tmp_path / "study.png").read_bytes()[:4] == b"\x89PNG"
     args = argparse.Namespace(directory=str(tmp_path / "none"), faults=False, plot=None)

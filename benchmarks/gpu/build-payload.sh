@@ -2,7 +2,9 @@
 # Builds a payload that puts a real vLLM on the lent GPU machine, which has no package registry.
 # Run it from the project root: bash benchmarks/gpu/build-payload.sh [VLLM_VERSION]   (default 0.33.0)
 # It writes .gpu/p1, .gpu/p2, ... holding vLLM, its dependency wheels and Ray (each under 61 MiB, so one
-# fits in a GPU-machine run beside the project), and keeps them git-ignored. Then one GPU-machine run per
+# fits in a GPU-machine run beside the project), and keeps them git-ignored. PAYLOAD=.gpu034 writes another
+# folder (so that several releases wait side by side); RAY=0 leaves Ray out (one part fewer: only the ray
+# stages need it). Then one GPU-machine run per
 # part, back to back (the machine stays warm only about 30 s between runs), carrying .gpu/pK:
 #   bash .gpu/pK/device-stage.sh
 # The last part prints READY; later commands in that run and in later runs on the same warm machine
@@ -10,11 +12,13 @@
 set -euo pipefail
 ver=${1:-0.33.0}
 ray=2.60.0  # the Ray executor stage; the GPU image has no Ray
+[[ ${RAY:-1} == 0 ]] && ray=none
+dest=${PAYLOAD:-.gpu}
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(git rev-parse --show-toplevel)
 cd "$root"
-grep -qx '/.gpu/' .git/info/exclude 2>/dev/null || echo '/.gpu/' >> .git/info/exclude
-if [[ -f .gpu/VERSION && $(cat .gpu/VERSION) == "$ver-kda-ray$ray" ]]; then echo "payload for vLLM $ver already in .gpu/"; ls -la .gpu/p*; exit 0; fi
+grep -qx "/$dest/" .git/info/exclude 2>/dev/null || echo "/$dest/" >> .git/info/exclude
+if [[ -f $dest/VERSION && $(cat "$dest/VERSION") == "$ver-kda-ray$ray" ]]; then echo "payload for vLLM $ver already in $dest/"; ls -la "$dest"/p*; exit 0; fi
 work=$(mktemp -d); trap 'rm -rf "$work"' EXIT
 mkdir -p "$work/bundle/wheels" "$work/dl"
 plat=(--only-binary=:all: --python-version 3.12 --implementation cp --abi cp312 --abi abi3 --abi none
@@ -24,7 +28,7 @@ plat=(--only-binary=:all: --python-version 3.12 --implementation cp --abi cp312 
 echo "downloading vLLM $ver and $(wc -l < "$here/device-wheels.txt") dependency wheels for the device (Python 3.12)..."
 python3 -m pip download -q "${plat[@]}" -d "$work/dl" "vllm==$ver"
 python3 -m pip download -q "${plat[@]}" -d "$work/bundle/wheels" -r "$here/device-wheels.txt"
-python3 -m pip download -q "${plat[@]}" -d "$work/dl" "ray==$ray"
+[[ $ray == none ]] || python3 -m pip download -q "${plat[@]}" -d "$work/dl" "ray==$ray"
 case $ver in  # 0.34.0's minimums above the GPU image's transformers 5.17.0, huggingface_hub 1.33.0, tokenizers 0.23.2
   0.34.*) python3 -m pip download -q "${plat[@]}" -d "$work/bundle/wheels" transformers==5.20.2 huggingface_hub==2.4.0 tokenizers==0.23.3 ;;
 esac
@@ -49,17 +53,19 @@ if [[ -f $msa ]]; then
     '    return None' > "$msa"
 fi
 # Ray without its Java jars and RLlib (79 MB as a wheel; its other needs are on the image or in the wheels)
-unzip -q -o "$work"/dl/ray-*.whl -d "$work/bundle/site"  # unzip keeps raylet/gcs_server executable
-rm -rf "$work/bundle/site/ray/jars" "$work/bundle/site/ray/rllib"
+if [[ $ray != none ]]; then
+  unzip -q -o "$work"/dl/ray-*.whl -d "$work/bundle/site"  # unzip keeps raylet/gcs_server executable
+  rm -rf "$work/bundle/site/ray/jars" "$work/bundle/site/ray/rllib"
+fi
 find "$work/bundle" -name __pycache__ -prune -exec rm -rf {} +
 echo "compressing (a few minutes on two cores)..."
 (cd "$work/bundle" && tar -cf - . | xz -6 -T0 > "$work/payload.tar.xz")
 size=$(stat -c %s "$work/payload.tar.xz"); limit=$((61 * 1024 * 1024)); n=$(( (size + limit - 1) / limit ))
-rm -rf .gpu && mkdir -p .gpu
+rm -rf "$dest" && mkdir -p "$dest"
 (cd "$work" && split -n "$n" -d -a 1 payload.tar.xz part.)
 for i in $(seq 1 "$n"); do
-  mkdir -p ".gpu/p$i"; mv "$work/part.$((i - 1))" ".gpu/p$i/chunk"
-  sed -e "s/@PARTS@/$n/g" -e "s/@PART@/$i/g" -e "s/@ID@/vllm-$ver-$size/g" "$here/device-stage.sh" > ".gpu/p$i/device-stage.sh"
+  mkdir -p "$dest/p$i"; mv "$work/part.$((i - 1))" "$dest/p$i/chunk"
+  sed -e "s/@PARTS@/$n/g" -e "s/@PART@/$i/g" -e "s/@ID@/vllm-$ver-$size/g" "$here/device-stage.sh" > "$dest/p$i/device-stage.sh"
 done
-echo "$ver-kda-ray$ray" > .gpu/VERSION
-echo "payload for vLLM $ver: $n parts, $((size / 1024 / 1024)) MiB in all"; ls -la .gpu/p*
+echo "$ver-kda-ray$ray" > "$dest/VERSION"
+echo "payload for vLLM $ver: $n parts, $((size / 1024 / 1024)) MiB in all"; ls -la "$dest"/p*

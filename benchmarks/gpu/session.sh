@@ -105,10 +105,17 @@
 #              MODELS="qwen3-8b" (or kimi-k3-mxfp4-dspark8) its models (FILL_TO sets N, default 2). A boot
 #              takes about 15-80 s once each model compiled.                       4+ calls of ~9.5 min
 #   v033-order the same study on vLLM 0.33.0 (payload: build-payload.sh 0.33.0), where the plugin pre-sizes.
+#              Both order stages boot with vLLM's own attention backend (FLASH_ATTN on Hopper for the
+#              Qwen3-8B shape); MODELS="qwen3-8b-triton" is the TRITON_ATTN arm of earlier records.
+#   v024-seed  the closed upstream PR's table on its own release, vLLM 0.24.0 (payload: build-payload.sh
+#              0.24.0), the Qwen3-8B shape at vLLM's default grid and backend, one boot at a time
+#              (gpu_memory_utilization 0.7): stock under ascending x3 (the plugin only reorders: the staging
+#              crash), the plugin under vLLM's order x2 and under ascending x2 (receipts: graph memory and
+#              pool), rounds interleaved; calling it again fills what is missing.   about 7-8 min
 #   decode     steady-state decode tokens/s, vanilla vs plugin under the default order, batch 1 and 64,
 #              Qwen3-0.6B on GPU 0 and Qwen3-8B on GPU 1, N=3 ABBA.                    about 5 min
 set -uo pipefail
-stage=${1:?usage: bash benchmarks/gpu/session.sh v033-kda|v033-order|v034-order|v034-kda|v034-k3|kda|kda-dense|k3-control|kda-fault|k3|k3-deploy|k3-serve|k3-tp|k3-decode|tp|pp-eagle3|parallel|decode|eagle3|ray}
+stage=${1:?usage: bash benchmarks/gpu/session.sh v024-seed|v033-kda|v033-order|v034-order|v034-kda|v034-k3|kda|kda-dense|k3-control|kda-fault|k3|k3-deploy|k3-serve|k3-tp|k3-decode|tp|pp-eagle3|parallel|decode|eagle3|ray}
 here=$(cd "$(dirname "$0")" && pwd)
 cd "$here/../.."
 root=$(pwd)
@@ -267,6 +274,10 @@ $b5=vanilla$d,$b5=plugin$d,$b7=vanilla$d,$b7=plugin$d" ;;
     done
     study --models "${models// /,}" --fill-to "${FILL_TO:-2}" --concurrent 1 --per-gpu 1 --gpu-mem 0.7 --boot-timeout 480 \
           --plan "${plan%,}" ;;
+  v024-seed)
+    q=${MODELS:-qwen3-8b}
+    study --models "$q" --fill-to 1 --concurrent 1 --per-gpu 1 --gpu-mem 0.7 --boot-timeout 480 \
+          --plan "$q=stock@ascending*3,$q=plugin@descending*2,$q=plugin@ascending*2" ;;
   v034-kda-decode)
     kl=kimi-linear-4l-dense-k3; t=$(left)
     timeout "$((t - 15))" $py benchmarks/decode_bench.py run --out "$work" --deadline "$((t - 60))" "${extra[@]}" \
@@ -315,7 +326,7 @@ if [[ $stage == decode || $stage == *-decode ]]; then
   keep=(decode.json receipts); logs=engines; trimmed=(engines/*/engine.trim.log)
 else
   faults=(); [[ $stage == kda-fault || $stage == k3 ]] && faults=(--faults)
-  plot=(); [[ $stage == *-order ]] && plot=(--plot order-study.png)
+  plot=(); [[ $stage == *-order || $stage == v024-seed ]] && plot=(--plot order-study.png)
   $py "$root/benchmarks/order_study.py" summarize . "${faults[@]}" "${plot[@]}" > summary.md 2>&1
   keep=(boots receipts); logs=logs; trimmed=(logs/*.trim.log)
 fi

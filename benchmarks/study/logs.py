@@ -17,9 +17,14 @@ POOL_LINE = re.compile(r"CUDA graph pool memory: ([\d.]+) GiB \(actual\), ([\d.]
 KV_LINE = "Available KV cache memory"  # the worker's memory profiling is over
 KV_AVAILABLE = re.compile(KV_LINE + r": ([\d.]+) GiB")
 KV_TOKENS = re.compile(r"GPU KV cache size: ([\d,]+) tokens")
+# vLLM's platform logs its pick ("Using FLASH_ATTN attention backend out of potential backends: ...") or a
+# forced one ("Using TRITON_ATTN backend."; older releases print the enum: "AttentionBackendEnum.X").
+BACKEND_LINE = re.compile(
+    r"Using (?:AttentionBackendEnum\.|_Backend\.)?([A-Z][A-Z0-9_]+) (?:attention )?backend\b"
+)
 KEEP = re.compile(
     r"staging|Graph capturing|CUDA graph pool|Error|error|Model Runner|Traceback|KV cache memory"
-    r"|environment variables|Env var prefixes|[Rr]ay|JIT compilation|illegal memory|study-shim"
+    r"|environment variables|Env var prefixes|[Rr]ay|JIT compilation|illegal memory|study-shim|backend"
 )
 MAX_KEPT, TRACE_TAIL = 120, 60
 # vLLM's JIT monitor (jit_monitor_mode 'warn'): a Triton kernel compiled after warm-up and capture
@@ -46,6 +51,8 @@ def analyse_log(text: str, trimmed: Path) -> dict[str, Any]:
         record["vllm_available_kv_gib"] = float(found[-1])
     if found := KV_TOKENS.findall(text):
         record["vllm_kv_tokens"] = int(found[-1].replace(",", ""))
+    backends = list(dict.fromkeys(BACKEND_LINE.findall(text)))  # every process logs it; first seen first
+    record["attention_backend"] = "+".join(backends) if backends else None
     if m := POOL_LINE.search(text):
         record["vllm_actual_gib"], record["vllm_estimated_gib"] = float(m[1]), float(m[2])
     v2, v1 = text.count("Using V2 Model Runner"), "Model Runner V2 does not yet support" in text

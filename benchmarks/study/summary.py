@@ -29,13 +29,15 @@ def summarize(args: argparse.Namespace) -> int:
             key += (b["variant"],)
         cells.setdefault(key, []).append(b)
     header = ("model", "tp", "pp", "executor", "mode", "order", "arm", "booted/N", "staging crash", "runner",
-              "receipts", "boot s (median)", "vLLM capture s", "vLLM took GiB", "first error")  # fmt: skip
+              "attention backend", "receipts", "boot s (median)", "vLLM capture s", "vLLM took GiB",
+              "first error")  # fmt: skip
     print("| " + " | ".join(header) + " |")
     print("|" + "---|" * len(header))
     for key, items in sorted(cells.items(), key=lambda kv: tuple(map(str, kv[0]))):
         ok = sum(b["ok"] for b in items)
         crash = sum(b.get("staging_crash", False) for b in items)
         runners = ", ".join(sorted({str(b.get("runner", b.get("runner_log", "-"))) for b in items}))
+        backends = ", ".join(sorted({backend(b) for b in items}))
         receipts = ", ".join(str(b.get("receipts", "-")) for b in items)
         medians = " | ".join(
             _median(items, k) for k in ("boot_seconds", "vllm_capture_seconds", "vllm_took_gib")
@@ -43,7 +45,7 @@ def summarize(args: argparse.Namespace) -> int:
         error = next((b["error"][:90] for b in items if b.get("error")), "")
         arm = key[6] + (f"+{key[7]}" if len(key) > 7 else "")
         print(f"| {' | '.join(map(str, key[:6]))} | {arm} | {ok}/{len(items)} | {crash} | {runners} | "
-              f"{receipts} | {medians} | {error} |")  # fmt: skip
+              f"{backends} | {receipts} | {medians} | {error} |")  # fmt: skip
     print()
     for model in sorted({b["model"] for b in boots}):
         mine = [
@@ -76,19 +78,25 @@ ORDER_FIGURES = (  # (record field, column, its ratio's name, scale): the order 
 )
 
 
+def backend(b: dict[str, Any]) -> str:
+    """The attention backend vLLM logged for the boot ("not logged" in records older than the field)."""
+    return str(b.get("attention_backend") or ("not logged" if "attention_backend" not in b else "-"))
+
+
 def order_cells(boots: list[dict[str, Any]]) -> dict[tuple[str, str], list[dict[str, Any]]]:
-    """Successful plugin boots with a real-capture receipt, per (model, order), in boot order."""
+    """Successful plugin boots with a real-capture receipt, per (model and backend, order), in boot order:
+    one model's orders on two attention backends are two studies, never pooled."""
     cells: dict[tuple[str, str], list[dict[str, Any]]] = {}
     for b in sorted(boots, key=lambda b: b["boot_id"]):
         if b["arm"] == "plugin" and b["ok"] and b.get("receipt_graph_pool_reserved_bytes"):
-            cells.setdefault((b["model"], b["order"]), []).append(b)
+            cells.setdefault((f"{b['model']} ({backend(b)})", b["order"]), []).append(b)
     return cells
 
 
 def orders(boots: list[dict[str, Any]]) -> None:
     """Per model and order: every boot's figures (median first), and the medians over vLLM's order."""
     cells = order_cells(boots)
-    header = ("model", "order", "N", *(column for _, column, _, _ in ORDER_FIGURES),
+    header = ("model (attention backend)", "order", "N", *(column for _, column, _, _ in ORDER_FIGURES),
               *(f"{ratio} / descending" for _, _, ratio, _ in ORDER_FIGURES))  # fmt: skip
     print("| " + " | ".join(header) + " |")
     print("|" + "---|" * len(header))
