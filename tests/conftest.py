@@ -114,8 +114,8 @@ def clean_plugin_state(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
             monkeypatch.delenv(key)
     yield
     import vllm_staging_plugin
+    from vllm_staging_plugin._engine.fix import is_plugin_wrapper
     from vllm_staging_plugin._engine.import_hook import PostImportHook
-    from vllm_staging_plugin._engine.wrapping import is_plugin_wrapper
 
     vllm_staging_plugin.unregister()  # no test may leak a wrapped class, a hook or the Ray variable
     assert not [f for f in sys.meta_path if isinstance(f, PostImportHook)]

@@ -120,7 +120,7 @@ def config() -> Any:
 
 def is_patched(cls: type) -> bool:
     """Whether the plugin's wrappers sit in ``cls``'s own ``__dict__``."""
-    from vllm_staging_plugin._engine.wrapping import is_plugin_wrapper
+    from vllm_staging_plugin._engine.fix import is_plugin_wrapper
 
     return any(is_plugin_wrapper(cls.__dict__.get(name)) for name in ("__init__", "capture"))
 
@@ -130,6 +130,16 @@ def installed() -> Any:
     import vllm_staging_plugin
 
     return vllm_staging_plugin._installed
+
+
+def installed_fix(name: str) -> Any:
+    """The registered installer's fix: ``staging``, ``kda`` or ``guard`` (None: the settings leave it out)."""
+    from vllm_staging_plugin._engine.kda_fix import KdaFix
+    from vllm_staging_plugin._engine.runner_guard import V1RunnerGuard
+    from vllm_staging_plugin._engine.staging_fix import StagingFix
+
+    kind = {"staging": StagingFix, "kda": KdaFix, "guard": V1RunnerGuard}[name]
+    return installed().fix(kind)
 
 
 def policy_order(order: str, mode: str, descriptors: Any) -> list[Any]:

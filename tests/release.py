@@ -7,4 +7,4 @@ from __future__ import annotations
 from vllm_staging_plugin._engine import compat
 from vllm_staging_plugin._offline import seams
 
-SIZES_STAGING = compat.release_shape(seams.cudagraph_module().ModelCudaGraphManager).sizes_staging
+SIZES_STAGING = compat.release_shape(seams.cudagraph_module().ModelCudaGraphManager).vllm_sizes_staging

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 import torch
 from children.harness import frames_under
-from fakes import installed
+from fakes import installed_fix
 from release import SIZES_STAGING
 
 pytest.importorskip("vllm.v1.worker.gpu.cudagraph_utils")
@@ -166,7 +166,7 @@ def test_v1_runner_is_reported_once(
     monkeypatch.setenv("STAGING_PLUGIN_ORDER", "ascending")
     original = v1_runner_class.__dict__["__init__"]
     vllm_staging_plugin.register()  # the module is already imported: guarded at once
-    guard = installed().guard
+    guard = installed_fix("guard")
     assert guard.wrap.saved["__init__"] is original and v1_runner_class.__dict__["__init__"] is not original
     for _ in range(2):
         with pytest.raises(TypeError):  # vLLM's own __init__ runs after the warning (and rejects no args)
@@ -223,11 +223,11 @@ def test_ray_v2_executor_hands_workers_the_whole_driver_environment(monkeypatch:
 
 def test_operator_prefixes_are_kept() -> None:
     env = {"STAGING_PLUGIN_ORDER": "ascending", installer.RAY_PREFIXES_VARIABLE: "MYCO_, NCCL_"}
-    forwarding = installer.Installer(Settings(order="ascending"), environ=env)
-    forwarding.forward_to_ray_workers()
+    forwarding = installer.Installer(Settings(disabled=True), environ=env)
+    forwarding.install()
     assert env[installer.RAY_PREFIXES_VARIABLE] == "MYCO_,NCCL_,STAGING_PLUGIN_"
-    forwarding.restore_ray_variable()
+    forwarding.uninstall()
     assert env[installer.RAY_PREFIXES_VARIABLE] == "MYCO_, NCCL_"  # the operator's value, as it was
     untouched: dict[str, str] = {}
-    installer.Installer(Settings(), environ=untouched).forward_to_ray_workers()  # no plugin variable
+    installer.Installer(Settings(disabled=True), environ=untouched).install()  # no plugin variable
     assert untouched == {}

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 from configs import K3_4_LAYERS
-from fakes import installed, patched_copy
+from fakes import installed_fix, patched_copy
 from release import SIZES_STAGING
 from stable import assert_says
 
@@ -58,14 +58,14 @@ def capture_through_the_plugin(cfg: ReplayConfig) -> tuple[cpu_replay.ReplayResu
 
 
 def test_detected_by_behaviour_on_the_patched_copy_only(presizing_vllm: ModuleType) -> None:
-    assert cpu_replay.vllm_presizes()
+    assert cpu_replay.vllm_sizes_staging()
     stock = cpu_replay.replay(K3, patched=False)  # vLLM's own order, vLLM's own staging: now boots
     assert stock.ok and {b["rows"] for b in stock.buffers.values()} == {261}
 
 
 @pytest.mark.skipif(SIZES_STAGING, reason="the installed vLLM sizes its staging buffers itself")
 def test_the_stock_vllm_is_not_taken_for_one_that_presizes() -> None:
-    assert not cpu_replay.vllm_presizes()
+    assert not cpu_replay.vllm_sizes_staging()
     assert "(256) must match the existing size (261)" in str(cpu_replay.replay(K3, patched=False).error)
 
 
@@ -79,7 +79,7 @@ def test_the_plugin_leaves_vllms_staging_alone_with_one_info_line(
     assert first.ok and second.ok and grown.call_count == 0
     assert {b["rows"] for b in first.buffers.values()} == {261}
     assert type(manager) is presizing_vllm.ModelCudaGraphManager
-    assert installed().patch.vllm_presizes
+    assert installed_fix("staging").vllm_sizes_staging
     if SIZES_STAGING:  # known from its shape when the manager is built: one line, no capture view
         (line,) = [m for m in plugin_log.at(20) if "staging buffers" in m]
         assert_says(line, "vllm-staging-plugin: vLLM sizes ModelCudaGraphManager's staging buffers",
@@ -100,7 +100,7 @@ def test_the_order_knob_keeps_working(presizing_vllm: ModuleType, monkeypatch: p
     monkeypatch.setenv("STAGING_PLUGIN_ORDER", "ascending")
     vllm_staging_plugin.register()
     result, _ = capture_through_the_plugin(K3)
-    assert result.ok and installed().patch.vllm_presizes
+    assert result.ok and installed_fix("staging").vllm_sizes_staging
     pieces = result.forwards[: 2 * len(result.sequence["PIECEWISE"]) : 2]
     assert pieces == sorted(pieces) and pieces[0] == 1  # captured ascending, as asked
     assert {b["rows"] for b in result.buffers.values()} == {261}

@@ -33,15 +33,15 @@ DEFAULT_LOADED = [
     "vllm_staging_plugin",
     "vllm_staging_plugin._engine",
     "vllm_staging_plugin._engine.compat",
+    "vllm_staging_plugin._engine.fix",
     "vllm_staging_plugin._engine.import_hook",
     "vllm_staging_plugin._engine.installer",
-    "vllm_staging_plugin._engine.kda_slots",
-    "vllm_staging_plugin._engine.patch",
+    "vllm_staging_plugin._engine.kda_fix",
     "vllm_staging_plugin._engine.runner_guard",
     "vllm_staging_plugin._engine.settings",
     "vllm_staging_plugin._engine.sizing",
     "vllm_staging_plugin._engine.staging",
-    "vllm_staging_plugin._engine.wrapping",
+    "vllm_staging_plugin._engine.staging_fix",
 ]
 
 
@@ -78,13 +78,6 @@ def test_a_default_capture_presizes_and_does_nothing_else(ranks: list[dict[str, 
         assert default["new_modules"] == []  # the capture imported nothing of the plugin's, nor pluggy
         assert [m for m in default["modules"] if "._offline" not in m] == DEFAULT_LOADED  # (the driver aside)
         assert rank["files_written"] == []
-        # a bounded handful of engine frames per capture (the wrappers, the capacity, vLLM's one assignment
-        # of hidden_states, and the driver's reading of the result), the same for 4 descriptors as for 102
-        # (vLLM 0.34.0 sizes the buffers itself: no capture view, no assignment through the plugin)
-        assert default["frames"].count("__set__") == (0 if SIZES_STAGING else 1)
-        assert len(default["frames"]) == len(rank["small"]["frames"]) <= 40, default["frames"]
-        views = rank["first"]["frames"].count("capture_view")
-        assert views == (0 if SIZES_STAGING else 1) and "capture_view" not in default["frames"]
 
 
 def test_after_capture_no_plugin_code_runs_anywhere(ranks: list[dict[str, Any]]) -> None:
@@ -103,7 +96,7 @@ def test_the_control_arm_shows_the_instruments_work(ranks: list[dict[str, Any]])
         assert "vllm_staging_plugin._engine.agreement" in control["new_modules"]
         assert {"pluggy", "vllm_staging_plugin._engine.policies"} <= set(control["modules"])
         assert "vllm_staging_plugin._engine.capture_session" not in control["modules"]  # no receipts asked
-        assert len(control["frames"]) > len(rank["default"]["frames"])
+        assert "reordered" in control["frames"]  # the profiler sees plugin code where it runs
 
 
 def test_every_rank_captures_the_same_order_with_the_same_capacity(ranks: list[dict[str, Any]]) -> None:

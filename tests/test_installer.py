@@ -17,6 +17,7 @@ from fakes import (
     fresh_class,
     install_fake_module,
     installed,
+    installed_fix,
     is_patched,
     make_module,
 )
@@ -24,11 +25,12 @@ from stable import assert_says
 
 import vllm_staging_plugin
 from vllm_staging_plugin._engine import compat
-from vllm_staging_plugin._engine import installer as installer_module
 from vllm_staging_plugin._engine.import_hook import PostImportHook
 from vllm_staging_plugin._engine.installer import RAY_PREFIXES_VARIABLE, Installer
-from vllm_staging_plugin._engine.runner_guard import V1_RUNNER_MODULE, RunnerGuard
+from vllm_staging_plugin._engine.kda_fix import KdaFix
+from vllm_staging_plugin._engine.runner_guard import V1_RUNNER_MODULE, V1RunnerGuard
 from vllm_staging_plugin._engine.settings import Settings
+from vllm_staging_plugin._engine.staging_fix import StagingFix
 
 
 def plugin_hooks() -> list[str]:
@@ -45,7 +47,7 @@ def kda_module_loaded(monkeypatch: pytest.MonkeyPatch) -> str:
     module.KimiGatedDeltaNetAttention = type(  # type: ignore[attr-defined]
         "KimiGatedDeltaNetAttention", (), {"get_kv_cache_spec": lambda self, vllm_config: None}
     )
-    monkeypatch.setattr(installer_module, "KDA_MODULE", name)
+    monkeypatch.setattr(KdaFix, "module", name)
     monkeypatch.setitem(sys.modules, name, module)
     return name
 
@@ -80,7 +82,7 @@ def test_register_waits_for_vllms_import_instead_of_importing(pending_modules: N
     vllm_staging_plugin.register()  # a second register() adds none
     assert compat.CUDAGRAPH_MODULE not in sys.modules and V1_RUNNER_MODULE not in sys.modules
     assert sorted(plugin_hooks()) == sorted([compat.CUDAGRAPH_MODULE, V1_RUNNER_MODULE])
-    assert installed().patch is None
+    assert installed_fix("staging").wrap is None
 
 
 def test_register_then_unregister_leaves_the_process_as_it_was(
@@ -166,7 +168,7 @@ def test_disabled_registers_nothing_but_the_ray_prefix(
     monkeypatch.setenv("STAGING_PLUGIN_DISABLE", "1")
     monkeypatch.delenv(RAY_PREFIXES_VARIABLE, raising=False)
     vllm_staging_plugin.register()
-    assert plugin_hooks() == [] and installed().patch is None
+    assert plugin_hooks() == [] and installed_fix("staging") is None
     assert os.environ[RAY_PREFIXES_VARIABLE] == "STAGING_PLUGIN_"  # Ray actors must see the kill switch
     vllm_staging_plugin.unregister()
     assert RAY_PREFIXES_VARIABLE not in os.environ
@@ -174,56 +176,19 @@ def test_disabled_registers_nothing_but_the_ray_prefix(
 
 def test_a_fresh_installer_has_changed_nothing() -> None:
     fresh = Installer(Settings())
-    assert fresh.patch is None and fresh.guard.wrap is None and not fresh.installed
+    assert fresh.fixes == () and not fresh.installed and fresh.fix(StagingFix) is None
     environ = dict(os.environ)
-    fresh.restore_ray_variable()  # nothing was changed: nothing to restore
+    fresh.uninstall()  # nothing was changed: nothing to restore
     assert dict(os.environ) == environ
 
 
 def test_install_and_uninstall_own_exactly_their_hooks(monkeypatch: pytest.MonkeyPatch) -> None:
-    from vllm_staging_plugin._engine import installer
-
-    monkeypatch.setattr(installer, "CUDAGRAPH_MODULE", "no_such_pkg.cudagraph_utils")
-    monkeypatch.setattr(installer, "V1_RUNNER_MODULE", "no_such_pkg.gpu_model_runner")
+    monkeypatch.setattr(StagingFix, "module", "no_such_pkg.cudagraph_utils")
+    monkeypatch.setattr(V1RunnerGuard, "module", "no_such_pkg.gpu_model_runner")
     fresh = Installer(Settings())
     fresh.install()
     assert sorted(plugin_hooks()) == ["no_such_pkg.cudagraph_utils", "no_such_pkg.gpu_model_runner"]
     fresh.uninstall()
-    assert plugin_hooks() == []
-
-
-def test_two_installers_in_one_process_keep_to_their_own_hooks(monkeypatch: pytest.MonkeyPatch) -> None:
-    """A second installer adds hooks of its own; its uninstall removes exactly those, and the first one's
-    still fire."""
-    from vllm_staging_plugin._engine import installer
-
-    monkeypatch.setattr(installer, "CUDAGRAPH_MODULE", "no_such_pkg.cudagraph_utils")
-    monkeypatch.setattr(installer, "V1_RUNNER_MODULE", "no_such_pkg.gpu_model_runner")
-    first, second = Installer(Settings()), Installer(Settings())
-    first.install()
-    mine = [f for f in sys.meta_path if isinstance(f, PostImportHook)]
-    second.install()
-    assert len(plugin_hooks()) == 4
-    second.uninstall()
-    assert [f for f in sys.meta_path if isinstance(f, PostImportHook)] == mine and first.installed
-    first.uninstall()
-    assert plugin_hooks() == []
-
-
-def test_a_runner_removes_its_installers_hook_only(monkeypatch: pytest.MonkeyPatch) -> None:
-    from vllm_staging_plugin._engine import installer
-
-    monkeypatch.setattr(installer, "CUDAGRAPH_MODULE", "no_such_pkg.cudagraph_utils")
-    monkeypatch.setattr(installer, "V1_RUNNER_MODULE", "no_such_pkg.gpu_model_runner")
-    first, second = Installer(Settings()), Installer(Settings())
-    first.install()
-    second.install()
-    second._v1_runner_built()  # that worker builds no manager: its own patch hook goes
-    second._v2_manager_built()  # ... and, for the test, its own V1 hook too
-    assert sorted(plugin_hooks()) == ["no_such_pkg.cudagraph_utils", "no_such_pkg.gpu_model_runner"]
-    assert all(hook in first._hooks.values() for hook in sys.meta_path if isinstance(hook, PostImportHook))
-    first.uninstall()
-    second.uninstall()
     assert plugin_hooks() == []
 
 
@@ -236,7 +201,7 @@ def test_a_v2_manager_unwraps_the_v1_guard(monkeypatch: pytest.MonkeyPatch) -> N
     monkeypatch.delitem(sys.modules, V1_RUNNER_MODULE, raising=False)  # vLLM's own runner: not yet imported
     cls = install_fake_module(monkeypatch).ModelCudaGraphManager
     vllm_staging_plugin.register()
-    guard: RunnerGuard = installed().guard
+    guard: V1RunnerGuard = installed_fix("guard")
     guard.install(v1)
     assert v1.GPUModelRunner.__dict__["__init__"] is not original
     build(cls)
@@ -272,11 +237,11 @@ def test_a_ray_variable_changed_in_a_given_mapping_is_not_restored_in_os_environ
 ) -> None:
     monkeypatch.delenv(RAY_PREFIXES_VARIABLE, raising=False)
     mapping = {"STAGING_PLUGIN_ORDER": "ascending"}
-    fresh = Installer(Settings(), environ=mapping)
-    fresh.forward_to_ray_workers()
+    fresh = Installer(Settings(disabled=True), environ=mapping)
+    fresh.install()
     assert mapping[RAY_PREFIXES_VARIABLE] == "STAGING_PLUGIN_"
     monkeypatch.setenv(RAY_PREFIXES_VARIABLE, "MINE_")
-    fresh.restore_ray_variable()  # it changed a mapping, not this process's environment
+    fresh.uninstall()  # it changed a mapping, not this process's environment
     assert os.environ[RAY_PREFIXES_VARIABLE] == "MINE_"
 
 
@@ -349,9 +314,10 @@ def test_the_patch_orders_with_the_registry_register_validated_with(monkeypatch:
     monkeypatch.setenv("STAGING_PLUGIN_ORDER", "ascending")
     vllm_staging_plugin.register()
     installer = installed()
-    assert installer.policies is not None and installer.patch.policies is installer.policies
+    fix = installer.fix(StagingFix)
+    assert installer.policies is not None and fix.policies is installer.policies
     build(cls).capture()
-    assert installer.patch.policies is installer.policies  # the patch did not load a registry of its own
+    assert fix.policies is installer.policies  # the fix did not load a registry of its own
 
 
 def test_version_without_install_metadata_comes_from_the_source_tree_or_says_unknown(tmp_path: Any) -> None:
@@ -377,121 +343,41 @@ def test_version_without_install_metadata_comes_from_the_source_tree_or_says_unk
         versions.append(run.stdout.strip())
     from importlib.metadata import version
 
-    assert versions == [version("vllm-staging-plugin"), vllm_staging_plugin.UNKNOWN_VERSION]
+    assert versions == [version("vllm-staging-plugin"), vllm_staging_plugin._engine.UNKNOWN_VERSION]
 
 
-def test_two_installers_hold_the_ray_prefix_until_the_last_one_uninstalls() -> None:
-    environ = {"STAGING_PLUGIN_ORDER": "ascending", RAY_PREFIXES_VARIABLE: "MYCO_"}
-    first = Installer(Settings(disabled=True), environ=environ)
-    second = Installer(Settings(disabled=True), environ=environ)
-    first.install()
-    second.install()  # already listed: added once, held twice
-    assert environ[RAY_PREFIXES_VARIABLE] == "MYCO_,STAGING_PLUGIN_"
-    first.uninstall()  # the second still needs it
-    assert environ[RAY_PREFIXES_VARIABLE] == "MYCO_,STAGING_PLUGIN_"
-    second.uninstall()
-    assert environ[RAY_PREFIXES_VARIABLE] == "MYCO_"
-    first.install()  # and the ledger starts over
-    assert environ[RAY_PREFIXES_VARIABLE] == "MYCO_,STAGING_PLUGIN_"
-    first.uninstall()
-    assert environ == {"STAGING_PLUGIN_ORDER": "ascending", RAY_PREFIXES_VARIABLE: "MYCO_"}
-
-
-def test_a_prefix_the_operator_listed_is_never_removed_by_any_installer() -> None:
+def test_a_prefix_the_operator_listed_is_never_removed() -> None:
     environ = {"STAGING_PLUGIN_ORDER": "ascending", RAY_PREFIXES_VARIABLE: "STAGING_PLUGIN_"}
-    first = Installer(Settings(disabled=True), environ=environ)
-    second = Installer(Settings(disabled=True), environ=environ)
-    first.install()
-    second.install()
-    second.uninstall()
-    first.uninstall()
+    fresh = Installer(Settings(disabled=True), environ=environ)
+    fresh.install()
+    fresh.uninstall()
     assert environ[RAY_PREFIXES_VARIABLE] == "STAGING_PLUGIN_"
 
 
-def test_installers_of_two_mappings_keep_separate_ledgers() -> None:
-    one, two = {"STAGING_PLUGIN_ORDER": "ascending"}, {"STAGING_PLUGIN_ORDER": "ascending"}
-    first, second = (
-        Installer(Settings(disabled=True), environ=one),
-        Installer(Settings(disabled=True), environ=two),
-    )
-    first.install()
-    second.install()
-    first.uninstall()
-    assert RAY_PREFIXES_VARIABLE not in one and two[RAY_PREFIXES_VARIABLE] == "STAGING_PLUGIN_"
-    second.uninstall()
-    assert RAY_PREFIXES_VARIABLE not in two
+def test_the_operators_list_comes_back_exactly_as_written() -> None:
+    env = {"STAGING_PLUGIN_ORDER": "ascending", RAY_PREFIXES_VARIABLE: " A_ , B_"}
+    fresh = Installer(Settings(disabled=True), environ=env)
+    fresh.install()
+    assert env[RAY_PREFIXES_VARIABLE] == "A_,B_,STAGING_PLUGIN_"
+    fresh.uninstall()
+    assert env == {"STAGING_PLUGIN_ORDER": "ascending", RAY_PREFIXES_VARIABLE: " A_ , B_"}
 
 
-def test_installers_uninstalled_out_of_order_leave_vllms_own_functions(
+def test_suspended_gives_vllm_its_own_class_and_then_the_same_wrappers(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    """An offline tool's block: vLLM's functions in the class, the hooks and the Ray variable untouched,
+    then the very same wrapper functions back (one plugin layer per class, and nothing else changed)."""
     cls = install_fake_module(monkeypatch).ModelCudaGraphManager
-    monkeypatch.setitem(sys.modules, V1_RUNNER_MODULE, make_module(fresh_class()))  # no V1 runner class
-    stock = {name: cls.__dict__[name] for name in ("__init__", "capture")}
-    first, second = Installer(Settings()), Installer(Settings())
-    first.install()
-    second.install()
-    first.uninstall()  # the second's wrappers sit on top: no other tool, no warning to give
-    assert first.patch is not None and first.patch.foreign == []
-    second.uninstall()
-    assert {name: cls.__dict__[name] for name in stock} == stock and not is_patched(cls)
-
-
-def test_a_manager_built_through_the_later_installer_releases_both_v1_hooks(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    """The later patch calls vLLM's __init__ directly, skipping the first's wrapper; the first installer
-    still learns that this worker runs V2 and takes its V1 hook off sys.meta_path."""
-    cls = install_fake_module(monkeypatch).ModelCudaGraphManager
-    monkeypatch.delitem(sys.modules, V1_RUNNER_MODULE, raising=False)
-    first, second = Installer(Settings()), Installer(Settings())
-    first.install()
-    second.install()
-    assert sorted(plugin_hooks()) == [V1_RUNNER_MODULE, V1_RUNNER_MODULE]
-    build(cls)
-    assert plugin_hooks() == []
-    second.uninstall()
-    first.uninstall()
-
-
-def test_a_v1_runner_built_through_the_later_guard_releases_both_patch_hooks(
-    monkeypatch: pytest.MonkeyPatch, plugin_log: Any
-) -> None:
-    from types import ModuleType
-
-    v1 = ModuleType(V1_RUNNER_MODULE)
-    runner = type("GPUModelRunner", (), {"__init__": lambda self: None, "__module__": V1_RUNNER_MODULE})
-    v1.GPUModelRunner = runner  # type: ignore[attr-defined]
-    monkeypatch.setitem(sys.modules, V1_RUNNER_MODULE, v1)
-    monkeypatch.delitem(sys.modules, compat.CUDAGRAPH_MODULE, raising=False)
-    first, second = Installer(Settings()), Installer(Settings())
-    first.install()
-    second.install()
-    assert sorted(plugin_hooks()) == [compat.CUDAGRAPH_MODULE, compat.CUDAGRAPH_MODULE]
-    runner()
-    assert plugin_hooks() == []
-    assert len(plugin_log.warnings) == 1  # the guard on top warns; the one it skipped only lets go
-    second.uninstall()
-    first.uninstall()
-    assert runner.__dict__["__init__"] is not None and not hasattr(runner.__dict__["__init__"], "__wrapped__")
-
-
-def test_a_ledger_restores_the_value_before_its_first_holder_when_its_last_one_leaves() -> None:
-    from vllm_staging_plugin._engine.installer import RayPrefixLedger
-
-    ledger, first, second = RayPrefixLedger(), Installer(Settings()), Installer(Settings())
-    env = {RAY_PREFIXES_VARIABLE: " A_ , B_"}
-    ledger.hold(first, env)
-    ledger.hold(second, env)
-    assert env[RAY_PREFIXES_VARIABLE] == "A_,B_,STAGING_PLUGIN_"
-    ledger.release(first, env)
-    ledger.release(first, env)  # twice: still held by the second
-    assert env[RAY_PREFIXES_VARIABLE] == "A_,B_,STAGING_PLUGIN_"
-    ledger.release(second, env)
-    assert env == {RAY_PREFIXES_VARIABLE: " A_ , B_"}  # exactly what the operator wrote
-    ledger.release(second, env)  # nothing held: nothing to do
-    other: dict[str, str] = {}  # an environment without the variable gets it, and loses it again
-    ledger.hold(first, other)
-    assert other == {RAY_PREFIXES_VARIABLE: "STAGING_PLUGIN_"}
-    ledger.release(first, other)
-    assert other == {} and env == {RAY_PREFIXES_VARIABLE: " A_ , B_"}
+    monkeypatch.setenv("STAGING_PLUGIN_ORDER", "ascending")
+    vllm_staging_plugin.register()
+    ours = {name: cls.__dict__[name] for name in ("__init__", "capture")}
+    hooks, environ = list(sys.meta_path), dict(os.environ)
+    with vllm_staging_plugin.suspended():
+        assert not is_patched(cls) and cls.__dict__["__init__"] is FakeManager.__init__
+        assert "_vllm_staging" not in vars(build(cls))
+        assert sys.meta_path == hooks and dict(os.environ) == environ
+    assert {name: cls.__dict__[name] for name in ours} == ours and "_vllm_staging" in vars(build(cls))
+    vllm_staging_plugin.unregister()
+    with vllm_staging_plugin.suspended():  # nothing registered: nothing to do
+        assert not is_patched(cls)

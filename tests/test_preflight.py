@@ -262,18 +262,18 @@ def _process_state() -> dict[str, Any]:
     """What an in-process pre-flight must leave exactly as it found it."""
     import vllm.platforms
 
-    from vllm_staging_plugin._engine.wrapping import is_plugin_wrapper
+    from vllm_staging_plugin._engine.fix import is_plugin_wrapper
 
     cls = seams.cudagraph_module().ModelCudaGraphManager
     process = installed()
-    patch = process.patch if process is not None else None
+    fixes = process.fixes if process is not None else ()
     return {
         "environ": dict(os.environ),
         "meta_path": [id(finder) for finder in sys.meta_path],
         "installed": id(process),
-        "installer": None if process is None else (process.installed, process.guard.warned, id(patch)),
-        "patch": None if patch is None else (id(patch.wrap), patch.wrap and patch.wrap.live, patch.refused,
-                                             patch.announced, patch.vllm_presizes, list(patch.foreign)),
+        "installer": None if process is None else (process.installed, [id(fix) for fix in fixes]),
+        "fixes": [(id(f.wrap), f.wrap and f.wrap.live, sorted(f.said), f.suspended) for f in fixes],
+        "staging": [f.vllm_sizes_staging for f in fixes if hasattr(f, "vllm_sizes_staging")],
         "class": {name: id(cls.__dict__[name]) for name in ("__init__", "capture")},
         "plugin_wrappers": [is_plugin_wrapper(cls.__dict__[name]) for name in ("__init__", "capture")],
         "platform": id(vllm.platforms.current_platform),

@@ -83,7 +83,7 @@ def test_the_staging_slot_only_intercepts_the_first_assignment() -> None:
     assert owner.__dict__["hidden_states"].shape == (8, 3)
     later = torch.zeros(2, 3)
     slot.__set__(owner, later)  # a later assignment by vLLM itself: stored as given
-    assert owner.__dict__["hidden_states"] is later and not state.vllm_presized
+    assert owner.__dict__["hidden_states"] is later and not state.vllm_sizes_staging
 
 
 def test_the_staging_slot_notices_vllm_sizing_its_own_first_buffer() -> None:
@@ -94,11 +94,11 @@ def test_the_staging_slot_notices_vllm_sizing_its_own_first_buffer() -> None:
     state = owner.__dict__[staging.STATE_ATTR] = staging.ManagerState(Settings(), capacity=8, first_tokens=2)
     own = torch.zeros(8, 3)
     slot.__set__(owner, own)
-    assert owner.__dict__["hidden_states"] is own and state.vllm_presized
+    assert owner.__dict__["hidden_states"] is own and state.vllm_sizes_staging
     exact = SimpleNamespace()
     state = exact.__dict__[staging.STATE_ATTR] = staging.ManagerState(Settings(), capacity=8, first_tokens=8)
     slot.__set__(exact, torch.zeros(8, 3))  # the largest descriptor came first: nothing to learn
-    assert not state.vllm_presized
+    assert not state.vllm_sizes_staging
 
 
 def test_the_capture_time_view_is_one_look_alike_subclass(

@@ -122,7 +122,7 @@ def test_presize_on_a_vllm_that_sizes_itself_is_not_needed_by_behaviour(
     target = vllm_tree(tmp_path, "presize")
     target.write_text("# another vLLM\n")
     monkeypatch.setattr(vllm_patches, "vllm_root", lambda: tmp_path)
-    monkeypatch.setattr(cpu_replay, "vllm_presizes", lambda: sizes_itself)
+    monkeypatch.setattr(cpu_replay, "vllm_sizes_staging", lambda: sizes_itself)
     assert cli.main(["patch", "presize", "--apply"]) == (0 if sizes_itself else 1)
     out, err = capsys.readouterr()
     if sizes_itself:

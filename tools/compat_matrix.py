@@ -7,7 +7,7 @@ patch, then run the release tests with that overlay first on PYTHONPATH:
 
   supported -> tests/test_contract_vllm.py, tests/test_contract_guarantees.py, tests/test_properties.py,
                tests/test_contract_replay_loop.py, tests/test_cli.py, tests/test_release_support.py,
-               tests/test_seams.py, tests/test_contract_kda_slots.py, tests/test_vllm_patches.py
+               tests/test_seams.py, tests/test_contract_kda_fix.py, tests/test_vllm_patches.py
   refused   -> tests/test_release_support.py (the plugin leaves vLLM untouched, one warning)
 
 then, for each bundled vLLM patch whose span names the release (vllm_patches.PATCHES), its two upstream
@@ -48,7 +48,7 @@ SUPPORTED_TESTS = [
     "tests/test_cli.py",
     "tests/test_release_support.py",
     "tests/test_seams.py",
-    "tests/test_contract_kda_slots.py",
+    "tests/test_contract_kda_fix.py",
     "tests/test_vllm_patches.py",
 ]
 REFUSED_TESTS = ["tests/test_release_support.py"]

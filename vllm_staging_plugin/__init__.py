@@ -12,6 +12,8 @@ part never imports the offline part.
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -27,7 +29,7 @@ find it here and do nothing) and cleared by :func:`unregister`."""
 
 
 def register() -> None:
-    """Entry point: read the plugin's variables once and install the patch for this process.
+    """Entry point: read the plugin's variables once and install the fixes for this process.
 
     A bad ``STAGING_PLUGIN_*`` value raises :class:`~vllm_staging_plugin._engine.settings.ConfigError`
     here, the earliest point of start-up (vLLM calls ``register()`` in the front end before any model
@@ -58,6 +60,17 @@ def register() -> None:
     _installed = installer
 
 
+@contextmanager
+def suspended() -> Iterator[None]:
+    """For the offline tools: the registered fixes off vLLM's classes for the block, then back (a tool
+    applies its own fix there: one plugin layer per class). Nothing to do when nothing is registered."""
+    if _installed is None:
+        yield
+        return
+    with _installed.suspended():
+        yield
+
+
 def unregister() -> None:
     """Undo :func:`register`: hooks, wrappers (only the plugin's own) and the Ray variable."""
     global _installed
@@ -66,36 +79,10 @@ def unregister() -> None:
         installer.uninstall()
 
 
-UNKNOWN_VERSION = "0+unknown"
-"""``__version__`` of a copy with neither install metadata nor a ``pyproject.toml`` beside it (a vendored
-copy): a valid version that says it is not known, so receipts and ``--version`` never fail for it."""
-
-
 def __getattr__(name: str) -> str:
-    """``__version__``, looked up only when asked (vLLM's processes never pay for it): the installed
-    package's metadata, else the ``pyproject.toml`` of the source tree this package sits in (the source
-    on ``PYTHONPATH``), else :data:`UNKNOWN_VERSION`. pyproject.toml is the one place it is written."""
+    """``__version__``, looked up only when asked (vLLM's processes never pay for it)."""
     if name == "__version__":
-        from importlib.metadata import PackageNotFoundError, version
+        from ._engine import plugin_version
 
-        try:
-            return version("vllm-staging-plugin")
-        except PackageNotFoundError:
-            return _source_tree_version()
+        return plugin_version()
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
-def _source_tree_version() -> str:
-    """The version in ``../pyproject.toml`` when it is this project's, else :data:`UNKNOWN_VERSION`
-    (read by pattern: ``tomllib`` is not in Python 3.10)."""
-    import re
-    from pathlib import Path
-
-    try:
-        text = (Path(__file__).parent.parent / "pyproject.toml").read_text()
-    except (OSError, UnicodeDecodeError):
-        return UNKNOWN_VERSION
-    if not re.search(r'^name = "vllm-staging-plugin"$', text, re.M):
-        return UNKNOWN_VERSION
-    found = re.search(r'^version = "([^"]+)"$', text, re.M)
-    return found.group(1) if found else UNKNOWN_VERSION

@@ -11,7 +11,7 @@ from typing import Any
 
 import vllm_staging_plugin
 from children.harness import check, report
-from vllm_staging_plugin._engine.wrapping import is_plugin_wrapper
+from vllm_staging_plugin._engine.fix import is_plugin_wrapper
 
 
 def environment(plugins: str, **variables: str) -> None:

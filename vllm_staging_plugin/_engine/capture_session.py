@@ -16,8 +16,7 @@ from typing import Any, TypeVar
 
 import torch
 
-from .. import __version__
-from . import compat
+from . import compat, plugin_version
 from .receipts import SCHEMA, Receipt, ReceiptStart, write_receipt
 from .settings import DEFAULT_ORDER
 from .sizing import capture_sequence, captured_modes, staging_capacity
@@ -85,7 +84,7 @@ def _environment(manager: Any, state: ManagerState, profiling: bool) -> ReceiptS
         "kind": "profiling" if profiling else "capture",
         "ok": True,
         "error": None,
-        "plugin_version": __version__,
+        "plugin_version": plugin_version(),
         "vllm_version": versions["vllm"],
         "torch_version": torch.__version__,
         "cuda_version": torch.version.cuda,
@@ -98,7 +97,7 @@ def _environment(manager: Any, state: ManagerState, profiling: bool) -> ReceiptS
         "policy": DEFAULT_ORDER if profiling else settings.order,
         "requested_policy": settings.order,
         "presize": settings.presize,
-        "vllm_sizes_staging": state.vllm_sizes,  # this vLLM sizes the buffers itself: presize is moot
+        "vllm_sizes_staging": state.vllm_sizes_staging,  # vLLM sizes the buffers itself: presize is moot
         "rank": _rank(),
         "ranks_agreed": state.ranks_agreed,
         "is_last_pp_rank": bool(getattr(manager, "is_last_pp_rank", True)),

@@ -34,7 +34,7 @@ class ReleaseShape:
 
     releases: str  # where it was read, for messages and docs
     init_prefix: tuple[str, ...]
-    sizes_staging: bool  # vLLM's own capture() sizes the staging buffers by the largest descriptor
+    vllm_sizes_staging: bool  # vLLM's own capture() sizes the staging buffers by the largest descriptor
 
 
 SHAPES = (

@@ -1,10 +1,15 @@
-"""Say so when vLLM picked the V1 model runner: the plugin then has nothing to act on.
+"""The V1 runner guard: say so when vLLM picked the V1 model runner, where the plugin has nothing to act on.
 
-The patch lives in Model Runner V2's ``ModelCudaGraphManager``. vLLM 0.33.0 falls back to the V1 runner
-(``vllm.v1.worker.gpu_model_runner.GPUModelRunner``) for features V2 lacks or without Triton, and releases
-before 0.29.0 run V2 only for some models or on request (``VLLM_USE_V2_MODEL_RUNNER=1``). Without this
-guard the plugin would then be silently inactive and ``STAGING_PLUGIN_ORDER`` ignored. The guard wraps
-only the runner's constructor and is removed as soon as a V2 manager is built in the process.
+Registry entry (vllm-ascend's fields):
+
+``vllm.v1.worker.gpu_model_runner.GPUModelRunner.__init__`` (wrapped)
+    Why: the staging fix lives in Model Runner V2's ``ModelCudaGraphManager``. vLLM falls back to the V1
+    runner for features V2 lacks or without Triton, and older releases run V2 only for some models or on
+    request (``VLLM_USE_V2_MODEL_RUNNER=1``). Without this guard the plugin would be silently inactive and
+    ``STAGING_PLUGIN_ORDER`` ignored.
+    How: one warning when a V1 runner is built (strict mode: an error); the wrapper goes as soon as a V2
+    manager is built in the process.
+    Upstream PR: none (the plugin's own diagnosis). Removal: when no supported release has the V1 runner.
 """
 
 from __future__ import annotations
@@ -14,27 +19,42 @@ from collections.abc import Callable
 from types import ModuleType
 from typing import Any
 
-from .settings import DEFAULT_ORDER, ENV_ORDER, ENV_STRICT, Settings
-from .wrapping import ClassWrap, plugin_wrapper
+from .fix import ClassWrap, RuntimeFix, plugin_wrapper
+from .settings import DEFAULT_ORDER, ENV_ORDER, ENV_STRICT
 
 logger = logging.getLogger("vllm.staging_plugin")
 
 V1_RUNNER_MODULE = "vllm.v1.worker.gpu_model_runner"
 V1_RUNNER_CLASS = "GPUModelRunner"
+V1_RUNNER_BUILT = "v1-runner-built"  # the event: this worker builds no manager
 
 
 class V1RunnerError(RuntimeError):
     """Strict mode: vLLM chose the V1 runner, where the plugin cannot act."""
 
 
-class RunnerGuard:
+class V1RunnerGuard(RuntimeFix):
     """The wrapper on the V1 runner's ``__init__``: one warning per process (strict mode: an error)."""
 
-    def __init__(self, settings: Settings, on_v1_runner_built: Callable[[], None] | None = None) -> None:
-        self.settings = settings
-        self.on_v1_runner_built = on_v1_runner_built
-        self.wrap: ClassWrap | None = None
-        self.warned = False
+    module = V1_RUNNER_MODULE
+    target = V1_RUNNER_CLASS
+    methods = ("__init__",)
+    error = V1RunnerError
+    retired_by = frozenset({"v2-manager-built"})
+
+    def find(self, module: ModuleType) -> type | None:
+        cls = getattr(module, V1_RUNNER_CLASS, None)
+        return cls if isinstance(cls, type) and "__init__" in cls.__dict__ else None
+
+    def retire(self) -> None:
+        """A V2 manager was built: this worker is V2, and the guard's wrapper goes with its hook."""
+        self.uninstall()
+
+    def refusal(self, reason: str) -> str:
+        return (
+            f"vllm-staging-plugin: cannot watch for vLLM's V1 model runner ({reason}); where vLLM picks "
+            f"it, the plugin is inactive without saying so. Set {ENV_STRICT}=1 to fail instead."
+        )
 
     def message(self) -> str:
         order = self.settings.order
@@ -46,56 +66,22 @@ class RunnerGuard:
             f"chose V1; VLLM_USE_V2_MODEL_RUNNER=1 asks for V2. Set {ENV_STRICT}=1 to fail instead."
         )
 
-    def _v1_runner_built(self) -> None:
-        if self.on_v1_runner_built is not None:
-            self.on_v1_runner_built()
-
     def on_v1_runner(self) -> None:
         """A V1 runner is being built."""
-        self._v1_runner_built()
+        self.notify(V1_RUNNER_BUILT)
         if self.settings.strict:
             raise V1RunnerError(self.message())
-        if not self.warned:
-            self.warned = True
+        if self.first("warned"):
             logger.warning(self.message())
 
-    def install(self, module: ModuleType) -> None:
-        """Wrap the V1 runner's ``__init__`` (once); never breaks the import of vLLM's module."""
-        cls = getattr(module, V1_RUNNER_CLASS, None)
-        if self.wrap is not None or not isinstance(cls, type) or "__init__" not in cls.__dict__:
-            return
-        try:
-            self.wrap = self._wrap(cls)
-        except Exception as exc:  # never break the import of vLLM's module
-            if self.settings.strict:
-                raise V1RunnerError(
-                    f"vllm-staging-plugin (strict mode): cannot wrap {cls.__name__}: {exc}"
-                ) from exc
-            logger.warning(
-                "vllm-staging-plugin: cannot watch for vLLM's V1 model runner (%s: %s); where vLLM picks it, "
-                "the plugin is inactive without saying so. Set %s=1 to fail instead.",
-                type(exc).__name__,
-                exc,
-                ENV_STRICT,
-            )
-
-    def _wrap(self, cls: type) -> ClassWrap:
-        wrap = ClassWrap(cls, ("__init__",), signals={"__init__": self._v1_runner_built})
-        original = wrap.stock["__init__"]
+    def wrappers(self, wrap: ClassWrap) -> dict[str, Callable[..., Any]]:
+        cls, original = wrap.cls, wrap.original["__init__"]
 
         @plugin_wrapper(original)
         def __init__(runner: Any, *args: Any, **kwargs: Any) -> None:
             # not the CPU/XPU runners that subclass it: no CUDA graphs to stage there
-            if type(runner) is cls:
-                if self.on_v1_runner_built is not None:  # an installer's guard: the ones it skips hear of it
-                    wrap.signal("__init__")
-                if wrap.live:
-                    self.on_v1_runner()
+            if type(runner) is cls and wrap.live:
+                self.on_v1_runner()
             original(runner, *args, **kwargs)
 
-        wrap.apply({"__init__": __init__})
-        return wrap
-
-    def uninstall(self) -> list[str]:
-        wrap, self.wrap = self.wrap, None
-        return wrap.restore() if wrap is not None else []
+        return {"__init__": __init__}

@@ -7,11 +7,7 @@ need as many rows as the largest descriptor of any mode (PIECEWISE, FULL, LoRA c
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from itertools import chain, repeat
-from operator import attrgetter
 from typing import Any, Protocol
-
-_NUM_TOKENS = attrgetter("num_tokens")
 
 
 class Descriptor(Protocol):
@@ -20,12 +16,8 @@ class Descriptor(Protocol):
 
 
 def staging_capacity(capture_descs: Mapping[Any, Iterable[Descriptor]]) -> int:
-    """Rows the staging buffers need: the largest ``num_tokens``; 0 when nothing is captured.
-
-    ``map``/``chain`` rather than a generator: the capture wrapper calls this once per capture, and it runs
-    no Python frame per descriptor (the footprint test counts them).
-    """
-    return int(max(map(_NUM_TOKENS, chain.from_iterable(capture_descs.values())), default=0))
+    """Rows the staging buffers need: the largest ``num_tokens``; 0 when nothing is captured."""
+    return max((int(d.num_tokens) for descs in capture_descs.values() for d in descs), default=0)
 
 
 CAPTURE_MODE_ORDER = ("PIECEWISE", "FULL")  # vLLM captures PIECEWISE first, then FULL
@@ -33,15 +25,10 @@ CAPTURE_MODE_ORDER = ("PIECEWISE", "FULL")  # vLLM captures PIECEWISE first, the
 
 def capture_sequence(capture_descs: Mapping[Any, Sequence[Descriptor]]) -> dict[str, list[int]]:
     """``num_tokens`` per mode in capture order, keyed by mode name (receipts, CLI plan); a list that
-    mixes the modes (an order policy across them) is keyed by its modes joined, as ``PIECEWISE+FULL``.
-
-    No Python frame per descriptor: the footprint test bounds the frames of a capture and its reading.
-    """
+    mixes the modes (an order policy across them) is keyed by its modes joined, as ``PIECEWISE+FULL``."""
     named = sorted(
-        [
-            (mode_rank(m), _list_name(m, descs), [int(d.num_tokens) for d in descs])
-            for m, descs in capture_descs.items()
-        ]
+        (mode_rank(m), _list_name(m, descs), [int(d.num_tokens) for d in descs])
+        for m, descs in capture_descs.items()
     )
     return {name: tokens for _, name, tokens in named}
 
@@ -61,9 +48,8 @@ def captured_modes(capture_descs: Mapping[Any, Sequence[Descriptor]]) -> list[st
 
 
 def _list_name(mode: Any, descs: Sequence[Descriptor]) -> str:
-    modes = dict.fromkeys(map(getattr, descs, repeat("cg_mode"), repeat(mode)))  # no frame per descriptor
-    # mode_name inlined: one list per mode in every capture, and the footprint test counts its frames
-    return "+".join([mode_name(m) for m in modes]) if len(modes) > 1 else str(getattr(mode, "name", mode))
+    modes = dict.fromkeys(getattr(d, "cg_mode", mode) for d in descs)
+    return "+".join(mode_name(m) for m in modes) if len(modes) > 1 else mode_name(mode)
 
 
 def mode_rank(mode: Any) -> int:

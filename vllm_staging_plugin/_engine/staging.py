@@ -40,8 +40,8 @@ class ManagerState:
     capacity: int | None  # rows; None when pre-sizing is off
     ranks_agreed: int | None = None  # ranks whose capture plan matched (None: not checked)
     first_tokens: int | None = None  # num_tokens of this capture's first descriptor
-    vllm_presized: bool = False  # vLLM's own first buffer held the capacity although first_tokens is less
-    vllm_sizes: bool = False  # this vLLM sizes the staging itself: its shape (compat.SHAPES) or a stand-down
+    vllm_sizes_staging: bool = False  # vLLM sizes the staging itself: its release shape, a stand-down, or
+    # (set during capture) its first buffer held the capacity although the first descriptor is smaller
 
 
 class StagingError(RuntimeError):
@@ -184,7 +184,7 @@ class _StagingSlot:
             if rows is not None and rows < capacity:  # vLLM's first output is short: grow it
                 value = self._allocate(state, value, capacity)
             elif rows is not None and state.first_tokens is not None and state.first_tokens < capacity:
-                state.vllm_presized = True  # vLLM sized it by the largest descriptor itself
+                state.vllm_sizes_staging = True  # vLLM sized it by the largest descriptor itself
         own[self.name] = value
 
     def _allocate(self, state: ManagerState, value: Any, capacity: int) -> Any:

@@ -42,7 +42,7 @@ def render_main_job(job: MainJob) -> str:
     lines.append(f"would patch: yes ({job.manager}; platform '{job.platform}')")
     if settings.disabled:
         lines.append("but STAGING_PLUGIN_DISABLE is set: with it, the plugin leaves vLLM untouched")
-    if job.vllm_presizes:
+    if job.vllm_sizes_staging:
         lines.append("this vLLM sizes its staging buffers to the largest capture descriptor itself: the "
                      "plugin leaves them to vLLM (order knob, receipts and KDA fix kept)")  # fmt: skip
     r = job.replays
@@ -135,7 +135,7 @@ def _vllm_sizes_staging() -> bool:
 
     try:
         with quiet_logs(verbose=False):  # vLLM's CPU-only import messages, as the check hides them
-            return cpu_replay.vllm_presizes()
+            return cpu_replay.vllm_sizes_staging()
     except Exception:  # a vLLM the replay cannot drive: the patch's own answer stands
         return False
 

@@ -48,7 +48,7 @@ class MainJob:
     refusal: str | None = None  # why the plugin would not patch this vLLM
     manager: str = ""  # module.class the plugin patches
     platform: str = ""
-    vllm_presizes: bool = False
+    vllm_sizes_staging: bool = False
     replays: Replays | None = None
 
     @property
@@ -85,7 +85,7 @@ def run(mode: str, max_size: int, max_num_seqs: int, hidden_size: int, order: st
         job.refusal = f"{type(exc).__name__}: {exc}"
         return job
     job.manager = f"{compat.CUDAGRAPH_MODULE}.{compat.MANAGER_CLASS}"
-    job.vllm_presizes = cpu_replay.vllm_presizes()
+    job.vllm_sizes_staging = cpu_replay.vllm_sizes_staging()
     cfg = cpu_replay.ReplayConfig(
         mode=mode,
         sizes=cpu_replay.default_sizes(max_size),

@@ -29,7 +29,7 @@ from .run import (
     run_capture,
     stock_in_order,
     stock_or_patched,
-    vllm_presizes,
+    vllm_sizes_staging,
 )
 from .stand_ins import UbatchRunner
 
@@ -51,5 +51,5 @@ __all__ = [
     "speculative_config",
     "stock_in_order",
     "stock_or_patched",
-    "vllm_presizes",
+    "vllm_sizes_staging",
 ]  # fmt: skip

@@ -11,10 +11,10 @@ from typing import Any
 
 import torch
 
-from ..._engine.patch import ManagerPatch
+from ... import suspended
 from ..._engine.settings import Settings
 from ..._engine.staging import staging_buffer_bytes
-from ..._engine.wrapping import ClassWrap
+from ..._engine.staging_fix import StagingFix
 from .. import seams
 from .config import ReplayConfig, make_vllm_config
 from .stand_ins import BlockTables, Model, UbatchRunner
@@ -111,23 +111,19 @@ def run_capture(manager: Any, cfg: ReplayConfig) -> ReplayResult:
 
 
 @contextlib.contextmanager
-def stock_or_patched(patched: bool, settings: Settings = PATCHED) -> Iterator[ManagerPatch | None]:
-    """Run a block with the manager class wrapped by a patch of this tool's own (``settings``), or
-    guaranteed stock (vLLM's own functions, also when the process's installer patched the class).
-
-    The class gets back exactly what it held, and the process's installer is never touched.
-    """
-    cls = seams.cudagraph_module().ModelCudaGraphManager
-    if patched:
-        with ManagerPatch(settings).applied_to(cls) as patch:
-            yield patch
-        return
-    wrap = ClassWrap(cls, ("__init__", "capture"))
-    wrap.apply(wrap.stock)
-    try:
-        yield None
-    finally:
-        wrap.restore()
+def stock_or_patched(patched: bool, settings: Settings = PATCHED) -> Iterator[StagingFix | None]:
+    """Run a block with vLLM's manager class wrapped by a staging fix of this tool's own (``settings``), or
+    stock. A fix the process registered is suspended for the block: one plugin layer at a time."""
+    with suspended():
+        if not patched:
+            yield None
+            return
+        fix = StagingFix(settings)
+        fix.apply(seams.cudagraph_module().ModelCudaGraphManager)
+        try:
+            yield fix
+        finally:
+            fix.uninstall()
 
 
 def replay(cfg: ReplayConfig, patched: bool, settings: Settings = PATCHED) -> ReplayResult:
@@ -136,7 +132,7 @@ def replay(cfg: ReplayConfig, patched: bool, settings: Settings = PATCHED) -> Re
         return run_capture(build_manager(cfg), cfg)
 
 
-def vllm_presizes() -> bool:
+def vllm_sizes_staging() -> bool:
     """Whether the installed vLLM sizes its staging buffers to the largest descriptor itself (by behaviour).
 
     Stock replay of a small FULL grid captured ascending: vLLM's lazy staging crashes at the second

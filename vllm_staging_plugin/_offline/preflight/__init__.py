@@ -170,7 +170,7 @@ def run(
             with phases.phase("workaround"):
                 fix = workaround.find(argv, sizes, plan, stock_check, tokens, _query_lengths(vllm_config))
     with phases.phase("replay"):  # under this machine's own platform, as the CPU replay expects
-        presizes = cpu_replay.vllm_presizes()
+        presizes = cpu_replay.vllm_sizes_staging()
     model_config = vllm_config.model_config
     notes = list(inputs.notes)
     if not any(plan.values()):
@@ -206,7 +206,7 @@ def run(
         },
         workaround=fix,
         seconds=phases.rounded(),
-        vllm_presizes=presizes,
+        vllm_sizes_staging=presizes,
         kda_step=kda_step,
         kda_step_error=kda_step_error,
         kda_step_plugin=kda_plugin,
@@ -219,12 +219,12 @@ def _kda_step(vllm_config: Any, settings: Settings | None = None) -> tuple[Any, 
     """vLLM's shared KDA layer on a speculative decode beside a prefill (seams.kda_mixed_step): stock, or
     with the plugin's own KDA state-slot fix when ``settings`` turn it on; a check that cannot be made
     here is reported, never fatal."""
-    from ..._engine.kda_slots import KdaSlotsPatch
+    from ..._engine.kda_fix import KdaFix
     from .. import seams
 
     adjust = None
     if settings is not None and settings.kda_fix == "on":
-        fix = KdaSlotsPatch(settings)
+        fix = KdaFix(settings)
 
         def adjust(spec: Any) -> Any:
             return fix.keep_slots("KimiGatedDeltaNetAttention", vllm_config, spec, quiet=True)

@@ -45,7 +45,7 @@ def render(result: Preflight) -> str:
         lines.append(f"  allocated by  {stock.allocated_by}")
         lines.append(f"  did not fit   {stock.failed_at}")
         lines.append(f"  vLLM's error  {stock.error}")
-    if result.vllm_presizes:
+    if result.vllm_sizes_staging:
         lines.append(
             "this vLLM sizes its staging buffers to the largest capture descriptor itself: its staging "
             "holds in any capture order, and the plugin leaves the buffers to vLLM (it keeps the order knob "

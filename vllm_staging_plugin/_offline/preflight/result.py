@@ -71,7 +71,7 @@ class Preflight:
     parallel: dict[str, int] = field(default_factory=dict)
     workaround: Workaround | None = None
     seconds: dict[str, float] = field(default_factory=dict)
-    vllm_presizes: bool = False  # the installed vLLM sizes its staging by the largest descriptor itself
+    vllm_sizes_staging: bool = False  # the installed vLLM sizes its staging by the largest descriptor itself
     kda_step: KdaMixedStep | None = None  # vLLM's shared KDA layer on a decode beside a prefill
     kda_step_error: str | None = None  # why that could not be checked here
     kda_step_plugin: KdaMixedStep | None = None  # where stock faults: the same step with the plugin's fix
@@ -198,7 +198,7 @@ class Preflight:
     def fixed_in_vllm(self) -> str | None:
         """Where stock crashes at the staging copy: the first vLLM release that sizes the buffers itself."""
         crashed = any(not s.stock.ok and s.stock.conclusive for s in self.stages)
-        return FIRST_SIZING_RELEASE if crashed and not self.vllm_presizes else None
+        return FIRST_SIZING_RELEASE if crashed and not self.vllm_sizes_staging else None
 
     @property
     def staging_bytes(self) -> int:
@@ -225,7 +225,7 @@ class Preflight:
             "plugin": {**_arm_json(self.plugin), "ok": self.plugin_boots, "order": self.order},
             "staging_bytes": self.staging_bytes,
             "identical_to_stock": self.identical_to_stock,
-            "vllm_presizes": self.vllm_presizes,
+            "vllm_sizes_staging": self.vllm_sizes_staging,
             "parallel": self.parallel,
             "ranks_replayed": self.ranks_replayed,
             "pipeline_stages": [

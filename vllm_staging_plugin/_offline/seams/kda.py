@@ -10,7 +10,7 @@ import sys
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from ..._engine.wrapping import stock
+from ... import suspended
 from ..scoped import attributes
 from .changed import SeamChanged
 from .config import model_class
@@ -132,7 +132,7 @@ def kda_mixed_step(
     The spec is vLLM's own ``get_kv_cache_spec``'s, never a plugin wrapper's (the process may have the
     plugin installed), unless ``as_installed``: then the layer's method as this process holds it (the
     contract tests' view of an installed plugin). ``adjust`` (the pre-flight's plugin arm: the engine's
-    :class:`~vllm_staging_plugin._engine.kda_slots.KdaSlotsPatch`) is handed that spec and returns the one
+    :class:`~vllm_staging_plugin._engine.kda_fix.KdaFix`) is handed that spec and returns the one
     the builder gets.
 
     Privates: the layer's ``get_kv_cache_spec`` (its state slots per request; ``--use-replayssm`` gives
@@ -162,9 +162,8 @@ def kda_mixed_step(
     builder_cls = layer.get_attn_backend().get_builder_cls()
     if builder_cls is not GDNAttentionMetadataBuilder:
         return None
-    with set_current_vllm_config(vllm_config):
-        method = type(layer).get_kv_cache_spec
-        spec = (method if as_installed else stock(method))(layer, vllm_config)
+    with set_current_vllm_config(vllm_config), contextlib.nullcontext() if as_installed else suspended():
+        spec = type(layer).get_kv_cache_spec(layer, vllm_config)
     if adjust is not None:
         spec = adjust(spec)
     query = 1 + num_spec

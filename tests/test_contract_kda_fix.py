@@ -1,4 +1,4 @@
-"""Contract tests of the KDA state-slot fix (``_engine/kda_slots.py``) against the installed vLLM: vLLM's real
+"""Contract tests of the KDA state-slot fix (``_engine/kda_fix.py``) against the installed vLLM: vLLM's real
 GDN metadata builder, built on CPU from the layer's spec (``seams.kda_mixed_step``), hands the speculative
 kernel a one-column state index on a mixed step without the plugin and a full-width one with it; Kimi-K3's
 own KDA layer is left alone; on a vLLM that already keeps the slots the plugin stands down. Each Kimi-Linear
@@ -14,19 +14,19 @@ from typing import Any
 
 import pytest
 from configs import K3_4_LAYERS, K3_DRAFTERS, KIMI_LINEAR_4_LAYERS, KIMI_LINEAR_EAGLE, model_folder
-from fakes import installed
+from fakes import installed_fix
 from stable import assert_says
 from vllm_configs import NGRAM_8, check_platform, vllm_config
 
 import vllm_staging_plugin
-from vllm_staging_plugin._engine import kda_slots
-from vllm_staging_plugin._engine.wrapping import is_plugin_wrapper
+from vllm_staging_plugin._engine import kda_fix
+from vllm_staging_plugin._engine.fix import is_plugin_wrapper
 from vllm_staging_plugin._offline import seams, vllm_patches
 from vllm_staging_plugin._offline.preflight.refusals import BadArguments
 from vllm_staging_plugin._offline.scoped import items
 
 pytestmark = [pytest.mark.contract, pytest.mark.usefixtures("model_inspection_cache", "offline")]
-kimi_gdn = pytest.importorskip(kda_slots.KDA_MODULE, reason="this vLLM has no shared Kimi KDA layer")
+kimi_gdn = pytest.importorskip(kda_fix.KDA_MODULE, reason="this vLLM has no shared Kimi KDA layer")
 if not hasattr(pytest.importorskip("vllm.config").CacheConfig, "use_replayssm"):  # 0.24.0 has none
     pytest.skip("this vLLM has no --use-replayssm, whose one slot the fix is about", allow_module_level=True)
 # --use-replayssm in the 'align' cache mode (prefix caching on) needs Model Runner V2 on 0.29.0-0.33.0,
@@ -99,7 +99,7 @@ def test_the_kernel_gets_a_full_width_index_with_the_plugin_and_one_column_witho
     (config,) = configs(replayssm)
     assert columns(config) == (1, 9)  # stock: the fault
     vllm_staging_plugin.register()
-    assert installed().kda.wrap is not None  # the module was imported: installed at once
+    assert installed_fix("kda").wrap is not None  # the module was imported: installed at once
     assert is_plugin_wrapper(kimi_gdn.KimiGatedDeltaNetAttention.__dict__["get_kv_cache_spec"])
     assert columns(config) == (9, 9)
     (line,) = [m for m in plugin_log.at(20) if "KDA" in m]
@@ -157,7 +157,7 @@ def test_the_variable_turns_it_off(replayssm: tuple[str, ...], monkeypatch: pyte
     (config,) = configs(replayssm)
     monkeypatch.setenv("STAGING_PLUGIN_KDA_FIX", "off")
     vllm_staging_plugin.register()
-    assert installed().kda.wrap is None
+    assert installed_fix("kda") is None  # the settings leave the fix out
     assert columns(config) == (1, 9)
 
 
@@ -168,9 +168,9 @@ def test_on_a_vllm_that_keeps_the_slots_the_plugin_stands_down(
 ) -> None:
     (config,) = configs(replayssm)
     vllm_staging_plugin.register()
-    assert installed().kda.wrap is not None
+    assert installed_fix("kda").wrap is not None
     assert columns(config) == (9, 9)
     (line,) = [m for m in plugin_log.at(20) if "KDA" in m or "state slots" in m]
     assert_says(line, "vllm-staging-plugin: this vLLM's KimiGatedDeltaNetAttention already keeps 8",
                 end="the plugin leaves its KV-cache spec to vLLM")  # fmt: skip
-    assert installed().kda.already_kept and not installed().kda.kept
+    assert ("already kept" in installed_fix("kda").said) and "kept" not in installed_fix("kda").said

@@ -1,10 +1,11 @@
-"""Unit tests of the KDA state-slot fix (``_engine/kda_slots.py``) on stand-in classes: every branch of
+"""Unit tests of the KDA state-slot fix (``_engine/kda_fix.py``) on stand-in classes: every branch of
 ``keep_slots``, install and restore, strict mode, the log lines. The real layer and builder:
-tests/test_contract_kda_slots.py."""
+tests/test_contract_kda_fix.py."""
 
 from __future__ import annotations
 
 import dataclasses
+import sys
 import types
 from typing import Any
 
@@ -12,10 +13,10 @@ import pytest
 from stable import assert_says
 
 import vllm_staging_plugin
-from vllm_staging_plugin._engine import compat, kda_slots
-from vllm_staging_plugin._engine.kda_slots import KdaShapeError, KdaSlotsPatch
+from vllm_staging_plugin._engine import compat, kda_fix
+from vllm_staging_plugin._engine.fix import is_plugin_wrapper
+from vllm_staging_plugin._engine.kda_fix import KdaFix, KdaShapeError
 from vllm_staging_plugin._engine.settings import Settings
-from vllm_staging_plugin._engine.wrapping import is_plugin_wrapper
 
 
 @dataclasses.dataclass(frozen=True)
@@ -55,20 +56,20 @@ def test_an_out_of_tree_platform_leaves_the_layer_alone_with_one_warning(
     monkeypatch: pytest.MonkeyPatch, plugin_log: Any
 ) -> None:
     monkeypatch.setattr(compat, "platform_name", lambda: "npu")
-    patch = KdaSlotsPatch(Settings())
+    patch = KdaFix(Settings())
     patch.install(types.SimpleNamespace(__name__="vllm.kda", KimiGatedDeltaNetAttention=layer_class()))
     assert patch.wrap is None
     (line,) = plugin_log.warnings
     assert "the KDA state-slot fix is inactive" in line and "IncompatibleVllm: platform 'npu'" in line
     with pytest.raises(KdaShapeError, match="platform 'npu'"):
-        KdaSlotsPatch(Settings(strict=True)).install(
+        KdaFix(Settings(strict=True)).install(
             types.SimpleNamespace(__name__="vllm.kda", KimiGatedDeltaNetAttention=layer_class())
         )
 
 
-def patched(strict: bool = False) -> tuple[KdaSlotsPatch, type]:
+def patched(strict: bool = False) -> tuple[KdaFix, type]:
     cls = layer_class()
-    patch = KdaSlotsPatch(Settings(strict=strict))
+    patch = KdaFix(Settings(strict=strict))
     patch.install(types.SimpleNamespace(__name__="vllm.kda", KimiGatedDeltaNetAttention=cls))
     return patch, cls
 
@@ -84,7 +85,7 @@ def test_it_keeps_one_slot_per_speculative_token_and_says_the_cost_once(plugin_l
                 "each such layer instead of 100",
                 end="STAGING_PLUGIN_KDA_FIX=off turns this off")  # fmt: skip
     assert len(plugin_log.at(10)) == 1  # the second layer's at DEBUG
-    assert patch.kept and not patch.already_kept
+    assert ("kept" in patch.said) and "already kept" not in patch.said
 
 
 @pytest.mark.parametrize(
@@ -102,14 +103,14 @@ def test_a_vllm_that_keeps_the_slots_is_left_alone_with_one_info_line(plugin_log
         (Base,),
         {"get_kv_cache_spec": lambda s, c: Spec(num_speculative_blocks=8)},
     )
-    patch = KdaSlotsPatch(Settings())
-    assert patch.patch(cls) and not patch.patch(cls)  # one class per patch
+    patch = KdaFix(Settings())
+    assert patch.apply(cls) and not patch.apply(cls)  # one class per patch
     assert cls().get_kv_cache_spec(config()) == Spec(num_speculative_blocks=8)
     cls().get_kv_cache_spec(config())
     (line,) = plugin_log.at(20)
     assert_says(line, "vllm-staging-plugin: this vLLM's KimiGatedDeltaNetAttention already keeps 8",
                 end="the plugin leaves its KV-cache spec to vLLM")  # fmt: skip
-    assert patch.already_kept and not patch.kept
+    assert ("already kept" in patch.said) and "kept" not in patch.said
     patch.uninstall()
     assert not is_plugin_wrapper(cls.__dict__["get_kv_cache_spec"])  # its own method put back
 
@@ -139,7 +140,7 @@ def test_uninstall_restores_the_inherited_method_and_passes_through_once_dead() 
 def test_an_unexpected_module_leaves_vllm_alone_with_one_warning(
     module: Any, reason: str, plugin_log: Any
 ) -> None:
-    patch = KdaSlotsPatch(Settings())
+    patch = KdaFix(Settings())
     patch.install(module)
     patch.install(module)
     (line,) = plugin_log.warnings
@@ -147,7 +148,7 @@ def test_an_unexpected_module_leaves_vllm_alone_with_one_warning(
                 end="Set STAGING_PLUGIN_STRICT=1 to fail instead.")  # fmt: skip
     assert patch.wrap is None
     with pytest.raises(KdaShapeError, match=f"strict mode.*{reason}"):
-        KdaSlotsPatch(Settings(strict=True)).install(module)
+        KdaFix(Settings(strict=True)).install(module)
 
 
 def test_an_unexpected_spec_is_returned_as_it_is_with_one_warning(plugin_log: Any) -> None:
@@ -159,15 +160,15 @@ def test_an_unexpected_spec_is_returned_as_it_is_with_one_warning(plugin_log: An
         (line,) = plugin_log.warnings
         assert "L.get_kv_cache_spec returned dict without num_speculative_blocks" in line
         with pytest.raises(KdaShapeError):
-            KdaSlotsPatch(Settings(strict=True)).keep_slots("L", config(), {"not": "a spec"})
+            KdaFix(Settings(strict=True)).keep_slots("L", config(), {"not": "a spec"})
     finally:
         cls.__bases__[0].get_kv_cache_spec = lambda self, c: Spec()  # type: ignore[method-assign]
     assert patch.keep_slots("L", config(), None) is None  # vLLM's "no spec" passes through
 
 
 def test_a_failing_patch_never_breaks_vllms_import(monkeypatch: pytest.MonkeyPatch, plugin_log: Any) -> None:
-    patch = KdaSlotsPatch(Settings())
-    monkeypatch.setattr(patch, "patch", lambda cls: (_ for _ in ()).throw(TypeError("odd class")))
+    patch = KdaFix(Settings())
+    monkeypatch.setattr(patch, "apply", lambda cls: (_ for _ in ()).throw(TypeError("odd class")))
     patch.install(types.SimpleNamespace(__name__="vllm.kda", KimiGatedDeltaNetAttention=layer_class()))
     assert "TypeError: odd class" in plugin_log.warnings[0]
 
@@ -198,7 +199,7 @@ def test_a_spec_the_fix_cannot_account_for_gets_vllms_spec_back_with_one_warning
 ) -> None:
     base = type("Base", (), {"get_kv_cache_spec": lambda self, c: spec})
     cls = type("KimiGatedDeltaNetAttention", (base,), {})
-    patch = KdaSlotsPatch(Settings())
+    patch = KdaFix(Settings())
     patch.install(types.SimpleNamespace(__name__="vllm.kda", KimiGatedDeltaNetAttention=cls))
     assert is_plugin_wrapper(cls.__dict__["get_kv_cache_spec"])
     assert cls().get_kv_cache_spec(config()) is spec  # vLLM's KV-cache setup goes on with its own spec
@@ -207,43 +208,43 @@ def test_a_spec_the_fix_cannot_account_for_gets_vllms_spec_back_with_one_warning
     assert_says(line, "vllm-staging-plugin: the KDA state-slot fix is inactive",
                 f"KimiGatedDeltaNetAttention.get_kv_cache_spec: {reason}",
                 end="Set STAGING_PLUGIN_STRICT=1 to fail instead.")  # fmt: skip
-    assert plugin_log.at(20) == [] and not patch.kept
-    strict = KdaSlotsPatch(Settings(strict=True))
-    strict.patch(type("KimiGatedDeltaNetAttention", (base,), {}))
+    assert plugin_log.at(20) == [] and "kept" not in patch.said
+    strict = KdaFix(Settings(strict=True))
+    strict.apply(type("KimiGatedDeltaNetAttention", (base,), {}))
     assert strict.wrap is not None
     with pytest.raises(KdaShapeError, match="strict mode.*" + reason.split(":")[0]):
         strict.wrap.cls().get_kv_cache_spec(config())
 
 
 def test_quiet_keeps_the_slots_without_a_line(plugin_log: Any) -> None:
-    patch = KdaSlotsPatch(Settings())
+    patch = KdaFix(Settings())
     assert patch.keep_slots("L", config(), Spec(), quiet=True) == Spec(num_speculative_blocks=8)
     assert (
         patch.keep_slots("L", config(), Spec(num_speculative_blocks=8), quiet=True).num_speculative_blocks
         == 8
     )
-    assert plugin_log.at(20) == [] and not patch.kept and not patch.already_kept
+    assert plugin_log.at(20) == [] and "kept" not in patch.said and "already kept" not in patch.said
 
 
 def test_the_slot_cost_is_the_specs_own_accounting() -> None:
-    cost = kda_slots.slot_cost(
+    cost = kda_fix.slot_cost(
         config(), Spec(page_size_bytes=64), Spec(page_size_bytes=64, num_speculative_blocks=3)
     )
-    assert cost == kda_slots.SlotCost(1, 4, 64, 256)
+    assert cost == kda_fix.SlotCost(1, 4, 64, 256)
 
 
 def test_register_installs_it_when_vllm_imports_the_layer_and_the_variable_turns_it_off(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from fakes import installed
+    from fakes import installed_fix
 
     vllm_staging_plugin.register()
-    assert installed().kda.settings.kda_fix == "on"
+    assert installed_fix("kda").settings.kda_fix == "on"
     vllm_staging_plugin.unregister()
     monkeypatch.setenv("STAGING_PLUGIN_KDA_FIX", "0")
     vllm_staging_plugin.register()
-    assert installed().kda.settings.kda_fix == "off"
-    assert kda_slots.KDA_MODULE not in installed()._hooks
+    assert installed_fix("kda") is None  # the settings leave it out: no fix, no hook
+    assert kda_fix.KDA_MODULE not in [getattr(f, "fullname", None) for f in sys.meta_path]
 
 
 @pytest.mark.parametrize(
@@ -258,14 +259,13 @@ def test_register_installs_it_when_vllm_imports_the_layer_and_the_variable_turns
     ids=["no cache config", "no use_replayssm", "no speculative config"],
 )
 def test_a_config_without_the_fields_leaves_the_spec_alone(cfg: Any, plugin_log: Any) -> None:
-    assert KdaSlotsPatch(Settings()).keep_slots("L", cfg, Spec()) == Spec()
+    assert KdaFix(Settings()).keep_slots("L", cfg, Spec()) == Spec()
     assert plugin_log.at(20) == [] and plugin_log.warnings == []
 
 
 def test_one_speculative_token_keeps_one_slot() -> None:
     assert (
-        KdaSlotsPatch(Settings()).keep_slots("L", config(tokens=1), Spec(), quiet=True).num_speculative_blocks
-        == 1
+        KdaFix(Settings()).keep_slots("L", config(tokens=1), Spec(), quiet=True).num_speculative_blocks == 1
     )
 
 
@@ -274,7 +274,7 @@ def test_a_dataclass_spec_without_the_field_is_refused(plugin_log: Any) -> None:
     class Other:
         page_size_bytes: int = 1
 
-    assert KdaSlotsPatch(Settings()).keep_slots("L", config(), Other()) == Other()
+    assert KdaFix(Settings()).keep_slots("L", config(), Other()) == Other()
     (line,) = plugin_log.warnings
     assert line == (
         "vllm-staging-plugin: the KDA state-slot fix is inactive, vLLM's shared KDA layer runs as it is (a "
@@ -286,7 +286,7 @@ def test_a_dataclass_spec_without_the_field_is_refused(plugin_log: Any) -> None:
 
 
 def test_slot_counts_are_whole_numbers() -> None:
-    cost = kda_slots.slot_cost(
+    cost = kda_fix.slot_cost(
         config(), Spec(page_size_bytes=64), Spec(page_size_bytes=64, num_speculative_blocks=3)
     )
     assert all(type(v) is int for v in dataclasses.astuple(cost))

@@ -1,4 +1,4 @@
-"""The manager patch (``ManagerPatch``) on a fake manager: what it wraps and restores, the capture path, the
+"""The manager patch (``StagingFix``) on a fake manager: what it wraps and restores, the capture path, the
 refusal (every injected structure fault, the platform, strict mode), the log lines and the stand-down."""
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from fakes import (
     descs,
     fresh_class,
     install_fake_module,
-    installed,
+    installed_fix,
     is_patched,
     make_module,
 )
@@ -29,9 +29,9 @@ from stable import assert_says
 
 import vllm_staging_plugin
 from vllm_staging_plugin._engine import agreement, compat, staging
-from vllm_staging_plugin._engine.patch import ManagerPatch
 from vllm_staging_plugin._engine.policies import PolicyRegistry
 from vllm_staging_plugin._engine.settings import Settings, read_settings
+from vllm_staging_plugin._engine.staging_fix import StagingFix
 
 MODULE = compat.CUDAGRAPH_MODULE
 STOCK_CRASH = "must match the existing size"  # what the fake (like vLLM) raises at a short staging copy
@@ -68,7 +68,7 @@ def test_register_twice_patches_once(fake_module: Any) -> None:
     vllm_staging_plugin.register()
     assert is_patched(cls)
     assert (cls.__dict__["__init__"], cls.__dict__["capture"]) == first
-    assert installed().patch.wrap.stock["__init__"] is FakeManager.__init__
+    assert installed_fix("staging").wrap.original["__init__"] is FakeManager.__init__
 
 
 def test_unregister_restores_the_class_exactly(fake_module: Any) -> None:
@@ -84,32 +84,14 @@ def test_unregister_restores_the_class_exactly(fake_module: Any) -> None:
 
 def test_patch_and_uninstall_say_what_they_did(plugin_log: Any) -> None:
     cls, other = fresh_class(), fresh_class()
-    manager_patch = ManagerPatch(Settings())
-    assert manager_patch.patch(cls) is True
-    assert manager_patch.patch(cls) is False and manager_patch.patch(other) is False  # one class per patch
+    manager_patch = StagingFix(Settings())
+    assert manager_patch.apply(cls) is True
+    assert manager_patch.apply(cls) is False and manager_patch.apply(other) is False  # one class per patch
     assert is_patched(cls) and not is_patched(other)
     (patched,) = plugin_log.at(10)
     assert_says(patched, "patched", f"{cls.__module__}.ModelCudaGraphManager", "(__init__, capture)")
     assert manager_patch.uninstall() == [] and manager_patch.wrap is None and not is_patched(cls)
     assert manager_patch.uninstall() == []  # nothing held: nothing to restore
-
-
-def test_applied_to_wraps_the_class_for_the_block_only() -> None:
-    """The offline tools' way in: their own settings, never the process's installer."""
-    cls = fresh_class()
-    before = dict(cls.__dict__)
-    tool = ManagerPatch(Settings(order="ascending", strict=True), PolicyRegistry([]))
-    with tool.applied_to(cls) as applied:
-        assert applied is tool and is_patched(cls)
-        assert build(cls).capture() == [1, 2, 4, 8, 1, 2]  # the tool's order, pre-sized
-    assert dict(cls.__dict__) == before and tool.wrap is None
-    with pytest.raises(KeyError), tool.applied_to(cls):
-        raise KeyError("the block failed")
-    assert dict(cls.__dict__) == before
-    assert installed() is None
-
-
-# ---- the capture path ----------------------------------------------------------------------------
 
 
 def test_patched_manager_survives_ascending_order(fake_module: Any, plugin_log: Any) -> None:
@@ -200,7 +182,9 @@ def test_a_vllm_that_presizes_itself_is_left_alone_with_one_info_line(
     first = build(cls)
     own = first.capture()
     assert (
-        own == [1, 2, 4, 8, 1, 2] and first.hidden_states.shape == (8, 8) and installed().patch.vllm_presizes
+        own == [1, 2, 4, 8, 1, 2]
+        and first.hidden_states.shape == (8, 8)
+        and installed_fix("staging").vllm_sizes_staging
     )
     assert build(cls).capture() == [1, 2, 4, 8, 1, 2]  # the order knob keeps working ...
     assert seen[0] is not cls and seen[1] is cls  # ... and later captures leave vLLM's staging alone
@@ -257,11 +241,11 @@ def test_the_announcement_names_the_buffers_their_sizing_and_the_order_once_per_
 def test_the_inactive_warning_names_the_reason_and_the_ignored_order_once_per_patch(
     order: str | None, ignored: str, plugin_log: Any
 ) -> None:
-    refusing = ManagerPatch(read_settings({} if order is None else {"STAGING_PLUGIN_ORDER": order}))
+    refusing = StagingFix(read_settings({} if order is None else {"STAGING_PLUGIN_ORDER": order}))
     refusing.refuse("the reason")
     refusing.refuse("a second reason")  # one warning per patch, so one per process
     assert_inactive(plugin_log.warnings, "the reason", ignored)
-    assert refusing.refused
+    assert "refused" in refusing.said
 
 
 def test_refuse_raises_exactly_when_its_settings_are_strict(
@@ -269,18 +253,18 @@ def test_refuse_raises_exactly_when_its_settings_are_strict(
 ) -> None:
     """A patch refuses with the settings it was built with, whatever the environment says now."""
     monkeypatch.setenv("STAGING_PLUGIN_STRICT", "1")
-    ManagerPatch(Settings(strict=False)).refuse("built lenient")  # no raise
+    StagingFix(Settings(strict=False)).refuse("built lenient")  # no raise
     assert_inactive(plugin_log.warnings, "built lenient")
     monkeypatch.setenv("STAGING_PLUGIN_STRICT", "0")
-    strict = ManagerPatch(Settings(strict=True))
+    strict = StagingFix(Settings(strict=True))
     with pytest.raises(compat.IncompatibleVllm, match=r"^vllm-staging-plugin \(strict mode\): built strict$"):
         strict.refuse("built strict")
-    assert not strict.refused and len(plugin_log.warnings) == 1
+    assert "refused" not in strict.said and len(plugin_log.warnings) == 1
 
 
 def test_deactivating_a_patch_that_holds_no_class_still_warns(plugin_log: Any) -> None:
     """unregister() raced with a manager's construction: the class is stock already; the warning stays."""
-    idle = ManagerPatch(Settings())
+    idle = StagingFix(Settings())
     idle._deactivate("gone")
     assert_inactive(plugin_log.warnings, "gone")
     assert idle.wrap is None and idle.uninstall() == []
@@ -436,19 +420,18 @@ def test_an_unexpected_error_in_the_structure_check_is_one_warning_naming_it(
         raise KeyError("renamed")
 
     monkeypatch.setattr(compat, "manager_class", broken)
-    ManagerPatch(Settings()).install(make_module(fresh_class()))  # never breaks the import of vLLM's module
+    StagingFix(Settings()).install(make_module(fresh_class()))  # never breaks the import of vLLM's module
     assert_inactive(plugin_log.warnings, "KeyError: 'renamed'")
 
 
 def test_a_tools_patch_loads_the_installed_policies_once() -> None:
-    from vllm_staging_plugin._engine.policies import PolicyRegistry
 
-    tool = ManagerPatch(Settings(order="ascending"))
+    tool = StagingFix(Settings(order="ascending"))
     registry = tool._policies()
     assert isinstance(registry, PolicyRegistry) and "ascending" in registry.names()
     assert tool._policies() is registry
     given = PolicyRegistry([])
-    assert ManagerPatch(Settings(order="ascending"), given)._policies() is given
+    assert StagingFix(Settings(order="ascending"), policies=given)._policies() is given
 
 
 # ---- the profiling pass's mark ---------------------------------------------------------------------
@@ -474,7 +457,7 @@ def test_mains_mark_reorders_the_real_capture_only(
     vllm_staging_plugin.register()
     manager = in_mains_shape(build(fake_module.ModelCudaGraphManager), sample)
     assert manager.capture() == captured and manager.hidden_states.shape == (8, 8)
-    assert plugin_log.warnings == [] and not installed().patch.order_refused
+    assert plugin_log.warnings == [] and "order refused" not in installed_fix("staging").said
 
 
 def test_an_unknown_mark_keeps_vllms_order_with_one_warning_and_still_presizes(
@@ -498,7 +481,9 @@ def test_an_unknown_mark_keeps_vllms_order_with_one_warning_and_still_presizes(
         "still pre-sized",
         end="Set STAGING_PLUGIN_STRICT=1 to fail instead.",
     )
-    assert installed().patch.order_refused and spy.call_count == 0  # nothing reordered: no rank check
+    assert (
+        "order refused" in installed_fix("staging").said
+    ) and spy.call_count == 0  # nothing reordered: no rank check
 
 
 def test_an_unknown_mark_under_vllms_own_order_says_nothing(
@@ -508,7 +493,7 @@ def test_an_unknown_mark_under_vllms_own_order_says_nothing(
     vllm_staging_plugin.register()
     manager = in_mains_shape(build(fake_module.ModelCudaGraphManager), None)
     assert manager.capture() == [8, 4, 2, 1, 2, 1]
-    assert plugin_log.warnings == [] and not installed().patch.order_refused
+    assert plugin_log.warnings == [] and "order refused" not in installed_fix("staging").said
 
 
 def test_an_unknown_mark_in_strict_mode_stops_the_capture_before_it_starts(
@@ -643,10 +628,10 @@ def test_a_manager_in_0340s_shape_is_left_to_vllm_with_one_true_line(
     cls = module.ModelCudaGraphManager = fresh_class(__init__=_init_034, capture=_capture_034)
     monkeypatch.setenv("STAGING_PLUGIN_ORDER", order)
     vllm_staging_plugin.register()
-    assert is_patched(cls) and installed().patch.vllm_presizes
+    assert is_patched(cls) and installed_fix("staging").vllm_sizes_staging
     view = mocker.spy(staging, "capture_view")
     first, second = build(cls), build(cls)
-    assert staging.state_of(first).capacity is None and staging.state_of(first).vllm_sizes
+    assert staging.state_of(first).capacity is None and staging.state_of(first).vllm_sizes_staging
     seen = first.capture()
     assert seen == ([8, 4, 2, 1, 2, 1] if order == "descending" else [1, 2, 4, 8, 1, 2])
     assert view.call_count == 0 and type(first) is cls

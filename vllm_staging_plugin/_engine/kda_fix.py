@@ -1,30 +1,34 @@
-"""The second fix: vLLM's shared Kimi KDA layer keeps one state slot per speculative token.
+"""The KDA fix: vLLM's shared Kimi KDA layer keeps one state slot per speculative token.
 
-Under ``--use-replayssm`` every Mamba layer asks for no speculative state slots
-(``vllm/model_executor/layers/mamba/abstract.py``, ``num_speculative_blocks = 0``). Kimi-K3's own KDA layer
-reads the one slot it gets (RecoverSSM), but the shared ``KimiGatedDeltaNetAttention`` (Kimi-Linear) takes
-its metadata from the generic GDN builder, whose speculative kernel reads one slot per query token: a step
-that mixes a speculative decode with a prefill hands it a one-column index and the state store lands out of
-bounds (an illegal memory access; at boot on vLLM 0.34.0, whose warm-up runs such a step). The fix is the
-layer's spec with ``num_speculative_blocks = num_speculative_tokens``, as without ``--use-replayssm`` and
-as ``kda-spec-state-slots.patch`` does inside vLLM.
+Registry entry (vllm-ascend's fields):
 
-It acts by behaviour, on the spec vLLM returns: only with ``--use-replayssm`` and speculative decoding,
-only when that spec gives fewer speculative slots than there are speculative tokens. A vLLM that already
-keeps the slots (the upstream patch applied) gets one INFO line and its spec unchanged. Kimi-K3's own
-layer is another class (``KimiK3DeltaAttention``, a sibling of this one), whatever the model's name.
+``vllm.model_executor.layers.mamba.gdn.kimi_gdn_linear_attn.KimiGatedDeltaNetAttention.get_kv_cache_spec``
+(wrapped: the method the class inherits, or its own where vLLM defines one)
+    Why: under ``--use-replayssm`` every Mamba layer asks for no speculative state slots
+    (``mamba/abstract.py``, ``num_speculative_blocks = 0``). Kimi-K3's own KDA layer reads the one slot it
+    gets, but the shared ``KimiGatedDeltaNetAttention`` (Kimi-Linear) takes its metadata from the generic
+    GDN builder, whose speculative kernel reads one slot per query token. A step mixing a speculative
+    decode with a prefill then stores out of bounds: an illegal memory access, at boot on vLLM 0.34.0,
+    whose warm-up runs such a step.
+    How: where the spec vLLM returns gives fewer speculative blocks than speculative tokens under
+    ``--use-replayssm``, return it with ``num_speculative_blocks = num_speculative_tokens`` (as without
+    the flag) and one INFO line with the KV-cache cost; otherwise vLLM's spec unchanged. A vLLM that keeps
+    the slots itself gets one INFO line. Kimi-K3's own layer (``KimiK3DeltaAttention``) is another class.
+    ``STAGING_PLUGIN_KDA_FIX=off`` leaves it out.
+    Upstream PR: none yet; the same change as a patch to vLLM ships as ``patches/kda-spec-state-slots.patch``.
+    Removal: when vLLM keeps those slots itself.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import logging
-from types import ModuleType
+from collections.abc import Callable
 from typing import Any, cast
 
 from . import compat
+from .fix import ClassWrap, RuntimeFix, plugin_wrapper
 from .settings import ENV_KDA_FIX, ENV_STRICT, Settings
-from .wrapping import ClassWrap, plugin_wrapper
 
 logger = logging.getLogger("vllm.staging_plugin")
 
@@ -47,34 +51,37 @@ class SlotCost:
     bytes_after: int
 
 
-class KdaSlotsPatch:
+class KdaFix(RuntimeFix):
     """The wrapper on ``KimiGatedDeltaNetAttention.get_kv_cache_spec`` for one :class:`Settings`."""
 
-    def __init__(self, settings: Settings) -> None:
-        self.settings = settings
-        self.wrap: ClassWrap | None = None
-        self.refused = False  # the one warning of this process was given
-        self.kept = False  # the slots were kept at least once (INFO given)
-        self.already_kept = False  # vLLM's own spec already keeps them (INFO given)
+    module = KDA_MODULE
+    target = KDA_CLASS
+    methods = (SPEC_METHOD,)
+    error = KdaShapeError
+    retired_by = frozenset({"v2-manager-built"})  # KV-cache specs are taken before any manager exists
 
-    def install(self, module: ModuleType) -> None:
-        """Called once vLLM imported the layer's module; never breaks that import."""
+    @classmethod
+    def enabled(cls, settings: Settings) -> bool:
+        return settings.kda_fix == "on"
+
+    def find(self, module: Any) -> type:
         cls = getattr(module, KDA_CLASS, None)
         if not isinstance(cls, type) or not callable(getattr(cls, SPEC_METHOD, None)):
-            self.refuse(f"{module.__name__}.{KDA_CLASS}.{SPEC_METHOD} is missing")
-            return
-        try:
-            compat.check_platform()  # out-of-tree platforms run their own kernels for this layer
-            self.patch(cls)
-        except Exception as exc:  # never break the import of vLLM's module
-            self.refuse(f"{type(exc).__name__}: {exc}")
+            raise KdaShapeError(f"{module.__name__}.{KDA_CLASS}.{SPEC_METHOD} is missing")
+        return cls
 
-    def patch(self, cls: type) -> bool:
-        """Wrap ``cls``'s spec method (its own, or the one it inherits); False if already holding one."""
-        if self.wrap is not None:
-            return False
-        wrap = ClassWrap(cls, (SPEC_METHOD,))
-        original = wrap.stock[SPEC_METHOD]
+    def check(self, cls: type) -> None:
+        compat.check_platform()  # out-of-tree platforms run their own kernels for this layer
+
+    def refusal(self, reason: str) -> str:
+        return (
+            "vllm-staging-plugin: the KDA state-slot fix is inactive, vLLM's shared KDA layer runs as it is "
+            "(a Kimi-Linear model with --use-replayssm and speculative decoding can fault on a step that "
+            f"mixes a speculative decode with a prefill): {reason}. Set {ENV_STRICT}=1 to fail instead."
+        )
+
+    def wrappers(self, wrap: ClassWrap) -> dict[str, Callable[..., Any]]:
+        original = wrap.original[SPEC_METHOD]
 
         @plugin_wrapper(original)
         def get_kv_cache_spec(layer: Any, vllm_config: Any, *args: Any, **kwargs: Any) -> Any:
@@ -90,13 +97,7 @@ class KdaSlotsPatch:
                 self.refuse(f"{name}.{SPEC_METHOD}: {type(exc).__name__}: {exc}")
                 return spec
 
-        wrap.apply({SPEC_METHOD: get_kv_cache_spec})
-        self.wrap = wrap
-        return True
-
-    def uninstall(self) -> list[str]:
-        wrap, self.wrap = self.wrap, None
-        return wrap.restore() if wrap is not None else []
+        return {SPEC_METHOD: get_kv_cache_spec}
 
     def keep_slots(self, layer: str, vllm_config: Any, spec: Any, quiet: bool = False) -> Any:
         """``spec`` with one speculative slot per speculative token where the fault is, else ``spec``
@@ -122,24 +123,8 @@ class KdaSlotsPatch:
             self._announce(layer, tokens, slot_cost(vllm_config, spec, kept))
         return kept
 
-    def refuse(self, reason: str) -> None:
-        """Leave vLLM's layer as it is with one warning per process, or raise in strict mode."""
-        if self.settings.strict:
-            raise KdaShapeError(f"vllm-staging-plugin (strict mode): {reason}")
-        if self.refused:
-            return
-        self.refused = True
-        logger.warning(
-            "vllm-staging-plugin: the KDA state-slot fix is inactive, vLLM's shared KDA layer runs as it is "
-            "(a Kimi-Linear model with --use-replayssm and speculative decoding can fault on a step that "
-            "mixes a speculative decode with a prefill): %s. Set %s=1 to fail instead.",
-            reason,
-            ENV_STRICT,
-        )
-
     def _announce(self, layer: str, tokens: int, cost: SlotCost) -> None:
-        level = logging.DEBUG if self.kept else logging.INFO
-        self.kept = True
+        level = logging.INFO if self.first("kept") else logging.DEBUG
         logger.log(
             level,
             "vllm-staging-plugin: %s (vLLM's shared KDA layer) keeps one state slot per speculative token "
@@ -155,9 +140,8 @@ class KdaSlotsPatch:
         )
 
     def _already_kept(self, layer: str, blocks: int) -> None:
-        if self.already_kept:
+        if not self.first("already kept"):
             return
-        self.already_kept = True
         logger.info(
             "vllm-staging-plugin: this vLLM's %s already keeps %d speculative state slots under "
             "--use-replayssm; the plugin leaves its KV-cache spec to vLLM",
@@ -168,7 +152,7 @@ class KdaSlotsPatch:
 
 def slot_cost(vllm_config: Any, before: Any, after: Any) -> SlotCost:
     """Slots and bytes one request holds in one layer, from the spec's own accounting
-    (``MambaSpec.max_memory_usage_bytes`` and ``page_size_bytes``, 0.30.0-0.34.0)."""
+    (``MambaSpec.max_memory_usage_bytes`` and ``page_size_bytes``)."""
     page = int(before.page_size_bytes)
     used = (int(before.max_memory_usage_bytes(vllm_config)), int(after.max_memory_usage_bytes(vllm_config)))
     return SlotCost(used[0] // page, used[1] // page, *used)

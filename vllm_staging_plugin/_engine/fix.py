@@ -1,0 +1,227 @@
+"""The one base of every runtime fix: wrap methods of one vLLM class when vLLM imports its module.
+
+In the spirit of OpenTelemetry's ``BaseInstrumentor``: a subclass names its module, class and methods and
+builds its wrappers; the base owns the rest. It waits for vLLM's import instead of importing (``register()``
+must not pull torch or vLLM into a process), never breaks that import, puts back exactly what the class held
+(a wrapper another tool put on top stays, and the plugin's inside it passes every call through), and is
+strict or warns once. Each subclass's docstring is its registry entry: why, how, upstream, removal.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+from collections.abc import Callable, Mapping
+from types import ModuleType
+from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
+
+from .import_hook import PostImportHook, when_imported
+from .settings import ENV_STRICT, Settings
+
+if TYPE_CHECKING:
+    from .policies import PolicyRegistry
+
+logger = logging.getLogger("vllm.staging_plugin")
+
+MARK = "__vllm_staging_wrapper__"
+INHERITED: Any = object()  # what a class held for a method it inherits: restoring deletes the wrapper
+_F = TypeVar("_F", bound=Callable[..., Any])
+Notify = Callable[[str], None]
+
+
+def is_plugin_wrapper(function: Any) -> bool:
+    """The mark holds the wrapper itself: a foreign ``functools.wraps`` copies it, and so fails this test."""
+    return function is not None and getattr(function, MARK, None) is function
+
+
+def plugin_wrapper(original: Callable[..., Any]) -> Callable[[_F], _F]:
+    """``functools.wraps`` plus the mark :func:`is_plugin_wrapper` looks for."""
+
+    def decorate(wrapper: _F) -> _F:
+        functools.update_wrapper(wrapper, original)
+        setattr(wrapper, MARK, wrapper)
+        return wrapper
+
+    return decorate
+
+
+class ClassWrap:
+    """One class's replaced methods: what its ``__dict__`` held (``saved``), the functions underneath
+    (``original``: what a call reaches), and what replaced them while ``live``."""
+
+    def __init__(self, cls: type, names: tuple[str, ...]) -> None:
+        self.cls = cls
+        self.saved = {name: cls.__dict__.get(name, INHERITED) for name in names}
+        self.original = {name: getattr(cls, name) for name in names}
+        self.replacements: dict[str, Any] | None = None
+        self._parked: dict[str, Any] | None = None
+
+    @property
+    def live(self) -> bool:
+        """Applied and not restored: the wrappers act; otherwise they pass every call through."""
+        return self.replacements is not None
+
+    def apply(self, replacements: Mapping[str, Any]) -> None:
+        self.replacements = dict(replacements)
+        for name, function in self.replacements.items():
+            setattr(self.cls, name, function)
+
+    def suspend(self) -> None:
+        """Put back what the class held, keeping the replacements for :meth:`resume` (unless another tool
+        wrapped on top since: the wrap is then over, as after :meth:`restore`)."""
+        replacements = self.replacements
+        if not self.restore():
+            self._parked = replacements
+
+    def resume(self) -> None:
+        """The replacements of :meth:`suspend` back in the class, the same functions as before."""
+        parked, self._parked = self._parked, None
+        if parked is not None:
+            self.apply(parked)
+
+    def restore(self) -> list[str]:
+        """Put back what the class held; returns ``Class.name`` of each method another tool wrapped since
+        (left in place). Nothing to do when not applied."""
+        replacements, self.replacements = self.replacements, None
+        if replacements is None:
+            return []
+        foreign = []
+        for name, before in self.saved.items():
+            if self.cls.__dict__.get(name) is not replacements[name]:
+                foreign.append(f"{self.cls.__qualname__}.{name}")
+            elif before is INHERITED:
+                delattr(self.cls, name)
+            else:
+                setattr(self.cls, name, before)
+        return foreign
+
+
+class RuntimeFix:
+    """A change to one vLLM class, installed when vLLM imports its module.
+
+    Subclasses set ``module``, ``target``, ``methods`` and ``error`` (what strict mode raises), and write
+    :meth:`wrappers`; :meth:`check` and :meth:`refusal` say when and how the fix stays out. ``retired_by``
+    names the events (:attr:`notify`, sent by any fix of the process) after which the fix's import hook
+    goes: the process showed the module will never matter.
+    """
+
+    module: ClassVar[str]
+    target: ClassVar[str]
+    methods: ClassVar[tuple[str, ...]]
+    error: ClassVar[type[Exception]] = RuntimeError
+    retired_by: ClassVar[frozenset[str]] = frozenset()
+
+    def __init__(
+        self, settings: Settings, notify: Notify | None = None, policies: PolicyRegistry | None = None
+    ) -> None:
+        """``notify``: where the fix reports events; ``policies``: the order registry ``register()``
+        validated the settings with (non-default orders only)."""
+        self.settings = settings
+        self.notify: Notify = notify or (lambda event: None)
+        self.policies = policies
+        self.wrap: ClassWrap | None = None
+        self.suspended = False
+        self._pending: ModuleType | None = None  # imported while suspended: installed on resume
+        self._hook: PostImportHook | None = None
+        self.said: set[str] = set()
+
+    @classmethod
+    def enabled(cls, settings: Settings) -> bool:
+        """Whether the settings ask for this fix at all."""
+        return True
+
+    # -- what a subclass writes ---------------------------------------------------------------------
+
+    def find(self, module: ModuleType) -> type | None:
+        """The class to wrap (None: nothing to do here, silently); raise to refuse with the reason."""
+        cls = getattr(module, self.target, None)
+        if not isinstance(cls, type):
+            raise self.error(f"{module.__name__}.{self.target} is missing")
+        return cls
+
+    def check(self, cls: type) -> None:
+        """Raise when ``cls`` or the platform is not what the fix was written for."""
+
+    def wrappers(self, wrap: ClassWrap) -> dict[str, Callable[..., Any]]:
+        """The replacement of each method; each passes through to ``wrap.original`` unless ``wrap.live``."""
+        raise NotImplementedError
+
+    def refusal(self, reason: str) -> str:
+        """The one warning when the fix stays out of this process."""
+        name = type(self).__name__
+        return f"vllm-staging-plugin: {name} is inactive: {reason}. Set {ENV_STRICT}=1 to fail instead."
+
+    # -- what the base does -------------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Install now if vLLM imported the module, else right after it does."""
+        if self._hook is None:
+            self._hook = when_imported(self.module, self.install)
+
+    def install(self, module: ModuleType) -> None:
+        """Wrap the class of ``module``; never breaks vLLM's import of it (strict mode raises)."""
+        if self.suspended:
+            self._pending = module
+            return
+        try:
+            cls = self.find(module)
+            if cls is None:
+                return
+            self.check(cls)
+            self.apply(cls)
+        except Exception as exc:
+            self.refuse(str(exc) if isinstance(exc, self.error) else f"{type(exc).__name__}: {exc}")
+
+    def apply(self, cls: type) -> bool:
+        """Wrap ``cls``'s methods; False if this fix already holds a class."""
+        if self.wrap is not None:
+            return False
+        wrap = ClassWrap(cls, self.methods)
+        wrap.apply(self.wrappers(wrap))
+        self.wrap = wrap
+        return True
+
+    def suspend(self) -> None:
+        """vLLM's class as it was before this fix, until :meth:`resume` (an offline tool's block)."""
+        self.suspended = True
+        if self.wrap is not None:
+            self.wrap.suspend()
+
+    def resume(self) -> None:
+        """Undo :meth:`suspend`: the same wrappers back, or the fix installed if vLLM imported its module."""
+        self.suspended = False
+        if self.wrap is not None:
+            self.wrap.resume()
+        pending, self._pending = self._pending, None
+        if pending is not None:
+            self.install(pending)
+
+    def retire(self) -> None:
+        """The module no longer matters in this process: its hook goes."""
+        self._drop_hook()
+
+    def uninstall(self) -> list[str]:
+        """The hook and the wrappers go; returns the methods another tool wrapped on top (left alone)."""
+        self._drop_hook()
+        wrap, self.wrap = self.wrap, None
+        return wrap.restore() if wrap is not None else []
+
+    def _drop_hook(self) -> None:
+        hook, self._hook = self._hook, None
+        if hook is not None:
+            hook.remove()
+
+    def refuse(self, reason: str, what: str = "refused", warning: str | None = None) -> None:
+        """Leave vLLM as it is with one warning per process and ``what`` (default: :meth:`refusal`), or
+        raise in strict mode."""
+        if self.settings.strict:
+            raise self.error(f"vllm-staging-plugin (strict mode): {reason}")
+        if self.first(what):
+            logger.warning(warning or self.refusal(reason))
+
+    def first(self, what: str) -> bool:
+        """True the first time ``what`` happens in this fix (one log line per process, not one per call)."""
+        if what in self.said:
+            return False
+        self.said.add(what)
+        return True

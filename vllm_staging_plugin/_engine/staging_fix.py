@@ -1,0 +1,254 @@
+"""The staging fix: ``ModelCudaGraphManager``'s staging buffers hold the largest capture descriptor.
+
+Registry entry (vllm-ascend's fields):
+
+``vllm.v1.worker.gpu.cudagraph_utils.ModelCudaGraphManager.__init__`` and ``.capture`` (wrapped)
+    Why: vLLM 0.18.0-0.33.0 allocate the staging buffers (``hidden_states``, ``aux_hidden_states``,
+    ``intermediate_tensors``) lazily with the rows of the first capture output, so a capture whose first
+    descriptor is not the largest crashes at the staging copy. vLLM's own order reaches that on
+    0.30.0-0.33.0 (recover-SSM with speculative decoding, docs/stock-crashes.md).
+    How: after ``__init__``, check the structure (:mod:`.compat`) and record the capacity, the largest
+    ``num_tokens`` over every descriptor; nothing is allocated, so vLLM's profiling pass measures the
+    buffers as stock. In ``capture``: re-read the capacity; under a non-default ``STAGING_PLUGIN_ORDER``
+    reorder the real capture (never the profiling pass) once the coupled ranks agree (:mod:`.agreement`);
+    write a receipt if asked (:mod:`.capture_session`); for the capture only, move the manager into a
+    look-alike subclass whose set-only slots see vLLM's first assignment (:mod:`.staging`). The manager
+    holds one plugin attribute, ``_vllm_staging``. It reads, beside what it wraps, the names
+    :mod:`.compat` lists (one door, contract-tested).
+    Stands down: where vLLM sizes the staging itself (a release shape in :data:`.compat.SHAPES`, or vLLM's
+    first buffer seen at full size although the first descriptor is smaller), one INFO line and vLLM's
+    buffers untouched; the order knob and receipts keep working.
+    Upstream PR: vllm-project/vllm#47925 (same mechanism, closed unmerged); this project's proposal is
+    ``upstream/presize-staging-buffers.patch`` with its regression test. vLLM 0.34.0 sizes the buffers
+    itself.
+    Removal: once no supported release allocates lazily; the order knob then needs an upstream hook.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager, nullcontext
+from typing import TYPE_CHECKING, Any
+
+from . import compat
+from .fix import ClassWrap, Notify, RuntimeFix, plugin_wrapper
+from .settings import DEFAULT_ORDER, ENV_ORDER, ENV_STRICT, Settings
+from .sizing import staging_capacity
+
+if TYPE_CHECKING:
+    from .agreement import Agreement
+    from .policies import PolicyRegistry
+
+logger = logging.getLogger("vllm.staging_plugin")
+V2_MANAGER_BUILT = "v2-manager-built"  # the event: this worker runs Model Runner V2
+
+
+class StagingFix(RuntimeFix):
+    """The wrappers on ``ModelCudaGraphManager`` for one :class:`Settings`, and what they learnt."""
+
+    module = compat.CUDAGRAPH_MODULE
+    target = compat.MANAGER_CLASS
+    methods = ("__init__", "capture")
+    error = compat.IncompatibleVllm
+    retired_by = frozenset({"v1-runner-built"})
+
+    def __init__(
+        self, settings: Settings, notify: Notify | None = None, policies: PolicyRegistry | None = None
+    ) -> None:
+        super().__init__(settings, notify, policies)
+        self.vllm_sizes_staging = False  # vLLM sizes its staging itself: its release shape, or seen doing so
+        self._agreement: Agreement | None = None
+        self._views: dict[tuple[type, tuple[str, ...]], type] = {}
+
+    def find(self, module: Any) -> type:
+        return compat.manager_class(module)
+
+    def check(self, cls: type) -> None:
+        compat.check_platform()
+
+    def apply(self, cls: type) -> bool:
+        self.vllm_sizes_staging = compat.release_shape(cls).vllm_sizes_staging or self.vllm_sizes_staging
+        applied = super().apply(cls)
+        if applied:
+            logger.debug("patched %s.%s (__init__, capture)", cls.__module__, cls.__name__)
+        return applied
+
+    def refusal(self, reason: str) -> str:
+        order = self.settings.order
+        ignored = f" {ENV_ORDER}={order} is NOT applied." if order != DEFAULT_ORDER else ""
+        return (
+            "vllm-staging-plugin is inactive, vLLM runs unpatched (its own staging buffers and capture "
+            f"order): {reason}.{ignored} Set {ENV_STRICT}=1 to fail instead."
+        )
+
+    def wrappers(self, wrap: ClassWrap) -> dict[str, Callable[..., Any]]:
+        return {"__init__": self._wrap_init(wrap), "capture": self._wrap_capture(wrap)}
+
+    # -- the wrappers -------------------------------------------------------------------------------
+
+    def _wrap_init(self, wrap: ClassWrap) -> Callable[..., None]:
+        from . import staging  # torch: imported once vLLM imported its module, never at register()
+
+        original = wrap.original["__init__"]
+
+        @plugin_wrapper(original)
+        def __init__(manager: Any, *args: Any, **kwargs: Any) -> None:
+            original(manager, *args, **kwargs)
+            if not wrap.live:
+                return
+            self.notify(V2_MANAGER_BUILT)
+            try:
+                compat.check_manager(manager)
+                capacity = staging_capacity(manager._capture_descs)
+            except Exception as exc:  # renamed internals, odd descriptors: stay stock
+                self._deactivate(f"{type(exc).__name__}: {exc}")
+                return
+            presizing = self.settings.presize == "on" and not self.vllm_sizes_staging
+            manager.__dict__[staging.STATE_ATTR] = staging.ManagerState(
+                self.settings, capacity if presizing else None, vllm_sizes_staging=self.vllm_sizes_staging
+            )
+            self._announce(manager, capacity)
+
+        return __init__
+
+    def _deactivate(self, reason: str) -> None:
+        """Refuse for this and every later manager: the class goes back to stock (called from ``__init__``
+        before the manager holds any plugin state, so there is nothing to remove)."""
+        self.uninstall()
+        self.refuse(reason)
+
+    def _announce(self, manager: Any, capacity: int) -> None:
+        level = logging.INFO if self.first("announced") else logging.DEBUG
+        settings = self.settings
+        descriptors = sum(len(d) for d in manager._capture_descs.values())
+        if self.vllm_sizes_staging:
+            logger.log(
+                level,
+                "vllm-staging-plugin: vLLM sizes %s's staging buffers (%s) to the largest of its %d capture "
+                "descriptors (%d rows) itself; the plugin leaves them to vLLM; capture order: %s",
+                type(manager).__name__,
+                ", ".join(compat.STAGING_INITIAL),
+                descriptors,
+                capacity,
+                settings.order,
+            )
+            return
+        sizing = (
+            f"sized to {capacity} rows, the largest"
+            if settings.presize == "on"
+            else f"left to vLLM's lazy sizing ({settings.presize}; largest is {capacity} rows)"
+        )
+        logger.log(
+            level,
+            "vllm-staging-plugin: %s staging buffers (%s) %s of %d capture descriptors; capture order: %s",
+            type(manager).__name__,
+            ", ".join(compat.STAGING_INITIAL),
+            sizing,
+            descriptors,
+            settings.order,
+        )
+
+    def _wrap_capture(self, wrap: ClassWrap) -> Callable[..., Any]:
+        from . import staging
+
+        original = wrap.original["capture"]
+
+        @plugin_wrapper(original)
+        def capture(manager: Any, *args: Any, **kwargs: Any) -> Any:
+            state = staging.state_of(manager) if wrap.live else None
+            if state is None:
+                return original(manager, *args, **kwargs)
+            settings = state.settings
+            presizing = state.capacity is not None and not self.vllm_sizes_staging
+            if presizing:
+                staging.ensure_capacity(manager, state)
+            marked = compat.profiling_pass(manager)
+            profiling = marked is not False
+            if marked is None and settings.order != DEFAULT_ORDER:
+                self._unknown_profiling_mark()  # vLLM's order kept, pre-sizing goes on
+            ordered = None  # this capture's descriptors in policy order; vLLM's own when None
+            if not profiling and settings.order != DEFAULT_ORDER:  # profiling keeps vLLM's order
+                ordered = self._policies().reordered(settings, manager._capture_descs)
+                state.ranks_agreed = self._agreed().check_coupled_ranks(
+                    settings, ordered, manager.vllm_config
+                )
+            receipt: Any = nullcontext()
+            if settings.receipts_dir is not None:
+                from .capture_session import receipt_session
+
+                receipt = receipt_session(manager, state, profiling)
+            with _in_order(manager, ordered), receipt:
+                if not presizing:
+                    return original(manager, *args, **kwargs)
+                state.first_tokens = staging.first_tokens(manager._capture_descs)
+                try:
+                    with self._staging(manager):
+                        return original(manager, *args, **kwargs)
+                finally:
+                    if state.vllm_sizes_staging:
+                        self._stand_down()
+
+        return capture
+
+    def _unknown_profiling_mark(self) -> None:
+        """This vLLM marks its memory-profiling capture in no way the plugin knows: a reordered sample
+        would under-reserve graph memory, so every capture keeps vLLM's order (strict mode: an error)."""
+        reason = (
+            f"this vLLM's manager has neither {compat.PROFILING_LIMIT} nor {compat.PROFILING_SAMPLE}, so "
+            "the memory-profiling capture cannot be told from the real one"
+        )
+        self.refuse(
+            reason,
+            "order refused",
+            f"vllm-staging-plugin: {reason}; {ENV_ORDER}={self.settings.order} is NOT applied (vLLM's own "
+            f"order); the staging buffers are still pre-sized. Set {ENV_STRICT}=1 to fail instead.",
+        )
+
+    def _stand_down(self) -> None:
+        if self.vllm_sizes_staging:
+            return
+        self.vllm_sizes_staging = True
+        logger.info(
+            "vllm-staging-plugin: this vLLM already pre-sizes its CUDA-graph staging buffers to the largest "
+            "capture descriptor; the plugin leaves them to vLLM (capture order: %s)",
+            self.settings.order,
+        )
+
+    def _policies(self) -> PolicyRegistry:
+        if self.policies is None:
+            from .policies import PolicyRegistry
+
+            self.policies = PolicyRegistry.load()  # a tool's patch; register() hands the engine its own
+        return self.policies
+
+    def _agreed(self) -> Agreement:
+        if self._agreement is None:
+            from .agreement import Agreement
+
+            self._agreement = Agreement()
+        return self._agreement
+
+    def _staging(self, manager: Any) -> Any:
+        from .staging import capture_view, intercepting
+
+        names = tuple(name for name in compat.STAGING_INITIAL if name in manager.__dict__)
+        key = (type(manager), names)
+        view = self._views.get(key)
+        if view is None:
+            view = self._views[key] = capture_view(type(manager), names)
+        return intercepting(manager, view)
+
+
+@contextmanager
+def _in_order(manager: Any, ordered: dict[Any, list[Any]] | None) -> Iterator[None]:
+    """Capture ``ordered`` instead of vLLM's lists, then give the manager its own lists back."""
+    if ordered is None:
+        yield
+        return
+    stock = manager._capture_descs
+    manager._capture_descs = ordered
+    try:
+        yield
+    finally:
+        manager._capture_descs = stock
