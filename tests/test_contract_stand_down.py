@@ -23,6 +23,7 @@ import vllm_staging_plugin
 from vllm_staging_plugin._engine import staging
 from vllm_staging_plugin._offline import cpu_replay
 from vllm_staging_plugin._offline.cpu_replay import ReplayConfig
+from vllm_staging_plugin._offline.exits import Exit
 
 pytestmark = [pytest.mark.contract, pytest.mark.usefixtures("model_inspection_cache")]
 ROOT = Path(__file__).resolve().parents[1]
@@ -119,7 +120,7 @@ def test_check_says_it_and_stock_reports_what_the_patched_vllm_does(
 ) -> None:
     from vllm_staging_plugin._offline import preflight
 
-    assert preflight.main(K3_SERVE, order=None, as_json=False) == preflight.EXIT_BOOTS
+    assert preflight.main(K3_SERVE, order=None, as_json=False) == Exit.OK
     out = capsys.readouterr().out
     assert (
         "this vLLM sizes its staging buffers to the largest capture descriptor itself: its staging holds in "

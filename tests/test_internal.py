@@ -11,6 +11,7 @@ from stable import assert_says
 
 from vllm_staging_plugin._offline import internal, main_job, preflight, report
 from vllm_staging_plugin._offline.cli import main
+from vllm_staging_plugin._offline.exits import Exit
 from vllm_staging_plugin._offline.preflight import workaround
 from vllm_staging_plugin._offline.seams import SeamChanged
 
@@ -24,7 +25,7 @@ def test_a_changed_seam_in_the_main_job_is_named_in_one_line(
     verbose: bool, monkeypatch: pytest.MonkeyPatch, capsys: Any
 ) -> None:
     monkeypatch.setattr(main_job.cpu_replay, "replay", changed_seam)
-    assert main(["check", *(["-v"] if verbose else [])]) == internal.EXIT_INTERNAL == 70
+    assert main(["check", *(["-v"] if verbose else [])]) == Exit.INTERNAL == 70
     out, err = capsys.readouterr()
     assert "would patch: yes" not in out and out == ""
     *trace, line = err.splitlines()

@@ -23,6 +23,7 @@ from stable import assert_says
 import vllm_staging_plugin
 from vllm_staging_plugin._offline import preflight, seams
 from vllm_staging_plugin._offline.cli import main
+from vllm_staging_plugin._offline.exits import Exit
 
 pytestmark = [pytest.mark.contract, pytest.mark.usefixtures("model_inspection_cache")]
 
@@ -45,7 +46,7 @@ def check_json(capsys: Any, *words: str) -> tuple[int, dict[str, Any]]:
 def test_kimi_linear_crashes_stock_in_vllms_own_order_and_boots_patched(tmp_path: Path, capsys: Any) -> None:
     model = model_folder(tmp_path / "kimi", KIMI_LINEAR_4_LAYERS)
     code, out = check_json(capsys, model, *NO_WEIGHTS, *KIMI_CRASH)
-    assert code == preflight.EXIT_BOOTS  # boots and serves with the plugin (its KDA state-slot fix)
+    assert code == Exit.OK  # boots and serves with the plugin (its KDA state-slot fix)
     assert out["architecture"] == "KimiLinearForCausalLM" and out["use_kda_recoverssm"] is True
     assert out["decode_query_len"] == 3
     assert out["sequence"] == {"PIECEWISE": [8, 4, 2, 1], "FULL": [9, 6, 3]}  # the same plan on 0.34.0
@@ -115,7 +116,7 @@ def test_with_the_kda_fix_turned_off_it_will_not_serve(
     model = model_folder(tmp_path / "kimi", KIMI_LINEAR_4_LAYERS)
     monkeypatch.setenv("STAGING_PLUGIN_KDA_FIX", "off")
     code, out = check_json(capsys, model, *NO_WEIGHTS, *KIMI_CRASH)
-    assert code == preflight.EXIT_WILL_NOT_SERVE == 4
+    assert code == Exit.WILL_NOT_SERVE == 4
     assert (out["serve"]["ok"], out["serve"]["plugin_ok"]) == (False, False)
     advice = out["serve"]["advice"]
     assert advice[0].startswith("WARNING serving: stock vLLM's shared KDA layer")
@@ -124,7 +125,7 @@ def test_with_the_kda_fix_turned_off_it_will_not_serve(
         == "  with the plugin: NOT fixed (its KDA state-slot fix is off: STAGING_PLUGIN_KDA_FIX=off)"
     )
     monkeypatch.setenv("STAGING_PLUGIN_KDA_FIX", "maybe")
-    assert main(["check", "--", model, *NO_WEIGHTS, *KIMI_CRASH]) == preflight.EXIT_BAD_ARGUMENTS
+    assert main(["check", "--", model, *NO_WEIGHTS, *KIMI_CRASH]) == Exit.BAD_INPUT
     err = capsys.readouterr().err
     assert_says(err, "vllm-staging-plugin check: bad arguments: STAGING_PLUGIN_KDA_FIX='maybe'",
                 "allowed values: on, off")  # fmt: skip
@@ -135,7 +136,7 @@ def test_on_vllm_with_the_kda_patch_the_serving_warning_is_gone(tmp_path: Path, 
     code, out = check_json(
         capsys, model_folder(tmp_path / "kimi", KIMI_LINEAR_4_LAYERS), *NO_WEIGHTS, *KIMI_CRASH
     )
-    assert code == preflight.EXIT_BOOTS
+    assert code == Exit.OK
     assert out["serve"]["ok"] is True and (out["serve"]["index_columns"], out["serve"]["query_length"]) == (
         3,
         3,
@@ -154,7 +155,7 @@ def test_a_serving_check_that_cannot_be_made_is_said_not_fatal(
     monkeypatch.setattr(seams, "kda_mixed_step", changed)
     model = model_folder(tmp_path / "kimi", KIMI_LINEAR_4_LAYERS)
     code, out = check_json(capsys, model, *NO_WEIGHTS, *KIMI_CRASH)
-    assert code == preflight.EXIT_NOT_ANSWERED == 5  # it boots with the plugin; whether it serves is open
+    assert code == Exit.NOT_ANSWERED == 5  # it boots with the plugin; whether it serves is open
     said = "SeamChanged: KimiDecoderLayer built no Mamba layer for KDA layer 0"  # the first line only
     assert out["serve"] == {"applies": None, "checked": False, "ok": None, "plugin_ok": None, "error": said,
                             "fix": None, "advice": [f"serving: NOT CHECKED here ({said})"]}  # fmt: skip
@@ -163,7 +164,7 @@ def test_a_serving_check_that_cannot_be_made_is_said_not_fatal(
     ]
     if not SIZES_STAGING:  # 0.34.0: stock boots the staging, no workaround to qualify
         assert (out["stock_workaround"]["fixes"], out["stock_workaround"]["serves"]) == ("boot", None)
-    assert main(["check", "--", model, *NO_WEIGHTS, *KIMI_CRASH]) == preflight.EXIT_NOT_ANSWERED
+    assert main(["check", "--", model, *NO_WEIGHTS, *KIMI_CRASH]) == Exit.NOT_ANSWERED
     text = capsys.readouterr().out
     assert f"serving: NOT CHECKED here ({said})" in text
     if not SIZES_STAGING:
@@ -471,7 +472,7 @@ def test_a_plugin_replay_that_breaks_answers_nothing_and_exits_5(
 
     monkeypatch.setattr(run.seams, "capture_on_cpu", breaks_patched)
     code, out = check_json(capsys, model_folder(tmp_path / "qwen3", QWEN3_0_6B), *NO_WEIGHTS)
-    assert code == preflight.EXIT_NOT_ANSWERED and out["plugin"]["ok"] is False
+    assert code == Exit.NOT_ANSWERED and out["plugin"]["ok"] is False
     assert out["stock"]["ok"] is True and out["answered"] is False
     assert out["unanswered"] == [
         "with the plugin at pipeline stage 0: the replay broke (TypeError: capture() got an unexpected "

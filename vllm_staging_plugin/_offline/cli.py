@@ -5,7 +5,6 @@ itself that ship with the package (``patch``)."""
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -13,6 +12,7 @@ from typing import Any, NoReturn
 
 from .. import __version__
 from . import main_job
+from .exits import Exit, say_error
 from .main_job import MainJob
 from .preflight import GPUS
 from .quiet import quiet_logs
@@ -85,7 +85,7 @@ def report_command(args: argparse.Namespace) -> int:
         table = report(args.directory, target)
     except ReportError as exc:
         print(exc, file=sys.stderr)
-        return exc.code
+        return int(exc.code)
     print(table)
     if target is not None:
         print(f"plot written to {target}")
@@ -102,8 +102,7 @@ def patch_command(args: argparse.Namespace) -> int:
     try:
         result = vllm_patches.plan(args.name, reverse=args.revert)
     except vllm_patches.PatchError as exc:
-        print(f"vllm-staging-plugin patch: {exc}", file=sys.stderr)
-        return 1
+        return say_error(PATCH_PROG, Exit.FAILS, "", str(exc), as_json=False, labelled=False)
     words = PATCH_STATES[args.revert]
     if args.name == "presize" and not args.revert and not result.fits and _vllm_sizes_staging():
         print("vllm-staging-plugin patch: not needed: this vLLM sizes its staging buffers to the largest "
@@ -113,16 +112,14 @@ def patch_command(args: argparse.Namespace) -> int:
     for path, state in result.files.items():
         print(f"{words[state]}: {path}")
     if not result.fits:
-        print(f"vllm-staging-plugin patch: it does not fit this vLLM ({vllm_patches.releases_of(args.name)});"
-              " nothing was written", file=sys.stderr)  # fmt: skip
-        return 1
+        fits = f"it does not fit this vLLM ({vllm_patches.releases_of(args.name)}); nothing was written"
+        return say_error(PATCH_PROG, Exit.FAILS, "", fits, as_json=False, labelled=False)
     if args.dry_run or not result.results:
         return 0
     try:
         vllm_patches.write(result)
     except vllm_patches.PatchError as exc:
-        print(f"vllm-staging-plugin patch: {exc}", file=sys.stderr)
-        return 1
+        return say_error(PATCH_PROG, Exit.FAILS, "", str(exc), as_json=False, labelled=False)
     done = "reverted" if args.revert else "applied"
     undo = "" if args.revert else f"; undo with `vllm-staging-plugin patch {args.name} --revert`"
     print(f"{done} {args.name} to the installed vLLM; restart vLLM to use it{undo}")
@@ -140,6 +137,7 @@ def _vllm_sizes_staging() -> bool:
         return False
 
 
+PATCH_PROG = "vllm-staging-plugin patch"
 PATCH_STATES = {
     False: {"applies": "would apply", "already": "already applied", "does not fit": "does not fit"},
     True: {"applies": "would revert", "already": "not applied", "does not fit": "does not fit"},
@@ -223,12 +221,7 @@ class _Parser(argparse.ArgumentParser):
 
 
 def _refuse(message: str, as_json: bool, prog: str = "vllm-staging-plugin check") -> NoReturn:
-    if as_json:
-        print(json.dumps({"plugin_version": __version__, "exit_code": 2, "error": "bad arguments",
-                          "message": message}))  # fmt: skip
-    else:
-        print(f"{prog}: {message}", file=sys.stderr)
-    raise SystemExit(2)
+    raise SystemExit(say_error(prog, Exit.BAD_INPUT, "bad arguments", message, as_json, labelled=False))
 
 
 DEMO_DEFAULTS: dict[str, Any] = {

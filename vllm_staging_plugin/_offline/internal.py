@@ -2,21 +2,19 @@
 what the operator can fix: its own exit code, one line saying what broke and where, and the traceback
 only under ``-v``.
 
-``check``, ``report`` and the main job share it; vLLM's own refusals keep their codes (2, 3).
+``check``, ``report`` and the main job share it; vLLM's own refusals keep their codes (:class:`.exits.Exit`).
 """
 
 from __future__ import annotations
 
-import json
 import sys
 import traceback
 from pathlib import Path
 
-from .. import __version__
+from .exits import Exit, say_error
 from .seams import SeamChanged
 from .text import first_line
 
-EXIT_INTERNAL = 70  # sysexits' EX_SOFTWARE
 PACKAGE = Path(__file__).resolve().parent.parent
 REPORT = "please report it with this line, `vllm-staging-plugin --version` and `pip show vllm`"
 
@@ -62,14 +60,7 @@ def traceback_text(exc: BaseException) -> str:
 
 def fail(exc: BaseException, prog: str, verbose: bool, as_json: bool) -> int:
     """Say it (``prog: <the one line>`` on stderr, or one JSON object on stdout), the traceback first
-    under ``-v``; returns :data:`EXIT_INTERNAL`."""
+    under ``-v``; returns :attr:`Exit.INTERNAL`."""
     if verbose:
         print(traceback_text(exc), file=sys.stderr, end="")
-    message = describe(exc)
-    if as_json:
-        said = {"plugin_version": __version__, "exit_code": EXIT_INTERNAL, "error": "internal error",
-                "message": message}  # fmt: skip
-        print(json.dumps(said))
-    else:
-        print(f"{prog}: {message}", file=sys.stderr)
-    return EXIT_INTERNAL
+    return say_error(prog, Exit.INTERNAL, "internal error", describe(exc), as_json, labelled=False)

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from .. import __version__
 from .._engine.settings import DEFAULT_ORDER, ConfigError, Settings, read_settings
 from . import cpu_replay, seams
+from .exits import Exit
 
 # The main job shows a crash and its fix; the pre-flight (`check -- ARGS`) defaults to vLLM's own order.
 MAIN_JOB_ORDER = "ascending"
@@ -52,12 +53,12 @@ class MainJob:
     replays: Replays | None = None
 
     @property
-    def exit_code(self) -> int:
+    def exit_code(self) -> Exit:
         if self.config_error is not None:
-            return 2
+            return Exit.BAD_INPUT
         if self.replays is None:
-            return 1
-        return 0 if self.replays.identical and self.replays.patched_full else 1
+            return Exit.FAILS
+        return Exit.OK if self.replays.identical and self.replays.patched_full else Exit.FAILS
 
 
 def run(mode: str, max_size: int, max_num_seqs: int, hidden_size: int, order: str | None) -> MainJob:
@@ -92,9 +93,9 @@ def run(mode: str, max_size: int, max_num_seqs: int, hidden_size: int, order: st
         max_num_seqs=max_num_seqs,
         hidden_size=hidden_size,
     )
-    # The order goes through the plugin's own policy path, as in an engine (cpu_replay.stock_in_order).
-    chosen = Settings(order=order or MAIN_JOB_ORDER, strict=True)
-    on_stock = cpu_replay.stock_in_order(chosen.order)
+    # The order goes through the plugin's own policy path, as in an engine (cpu_replay.arm_settings).
+    chosen = cpu_replay.arm_settings(order or MAIN_JOB_ORDER)
+    on_stock = cpu_replay.arm_settings(chosen.order, stock=True)
     job.replays = Replays(
         cfg, chosen,
         stock_default=cpu_replay.replay(cfg, patched=False),

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from .exits import Exit
 from .receipt_reader import read_receipts
 from .text import MIB, first_line
 
@@ -48,7 +49,7 @@ class ReportError(Exception):
     CLI prints the message and exits with ``code`` (2 for a path that is no directory, else 1) instead of
     printing a table-less success."""
 
-    def __init__(self, message: str, code: int = 1) -> None:
+    def __init__(self, message: str, code: Exit = Exit.FAILS) -> None:
         super().__init__(message)
         self.code = code
 
@@ -182,7 +183,7 @@ def plot(rows: list[Row], path: Path) -> None:
         fig.savefig(path, dpi=110)
     except (OSError, ValueError) as exc:  # no such folder, no permission, a format matplotlib lacks
         message = f"vllm-staging-plugin report: --plot {path}: {first_line(str(exc))}"
-        raise ReportError(message, code=2) from exc
+        raise ReportError(message, code=Exit.BAD_INPUT) from exc
     finally:
         plt.close(fig)
 
@@ -201,9 +202,9 @@ def report(
     """
     shown, directory = str(directory), Path(directory)  # named as the operator typed it
     if not directory.exists():
-        raise ReportError(f"vllm-staging-plugin report: no such directory: {shown}", code=2)
+        raise ReportError(f"vllm-staging-plugin report: no such directory: {shown}", code=Exit.BAD_INPUT)
     if not directory.is_dir():
-        raise ReportError(f"vllm-staging-plugin report: not a directory: {shown}", code=2)
+        raise ReportError(f"vllm-staging-plugin report: not a directory: {shown}", code=Exit.BAD_INPUT)
     skipped: list[Path] = []
 
     def skip(path: Path, reason: str) -> None:

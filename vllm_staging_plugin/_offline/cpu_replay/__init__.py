@@ -21,13 +21,13 @@ from .config import (
 from .run import (
     PATCHED,
     ReplayResult,
+    arm_settings,
     buffers_hold,
     build_manager,
     cpu_stubs,
     features,
     replay,
     run_capture,
-    stock_in_order,
     stock_or_patched,
     vllm_sizes_staging,
 )
@@ -39,6 +39,7 @@ __all__ = [
     "ReplayConfig",
     "ReplayResult",
     "UbatchRunner",
+    "arm_settings",
     "buffers_hold",
     "build_manager",
     "cpu_stubs",
@@ -49,7 +50,6 @@ __all__ = [
     "replay",
     "run_capture",
     "speculative_config",
-    "stock_in_order",
     "stock_or_patched",
     "vllm_sizes_staging",
 ]  # fmt: skip

@@ -12,30 +12,34 @@ from typing import Any
 import torch
 
 from ... import suspended
-from ..._engine.settings import Settings
+from ..._engine.settings import DEFAULT_ORDER, Settings
+from ..._engine.sizing import capture_sequence, mode_rank, staging_capacity
 from ..._engine.staging import staging_buffer_bytes
 from ..._engine.staging_fix import StagingFix
 from .. import seams
 from .config import ReplayConfig, make_vllm_config
 from .stand_ins import BlockTables, Model, UbatchRunner
 
-PATCHED = Settings(strict=True)
-"""The patched arm's settings unless a tool passes its own: vLLM's order, pre-sizing on, strict (a plugin
-that would refuse this vLLM raises instead of leaving it stock), no receipts."""
+
+def arm_settings(order: str = DEFAULT_ORDER, stock: bool = False, kda_fix: str = "on") -> Settings:
+    """The settings of a replayed arm: ``order`` through the plugin's own policy path, strict (a plugin that
+    would refuse this vLLM raises instead of leaving it stock), no receipts. ``stock``: presize
+    ``off-allow-crash``, so vLLM's lazy staging runs in that order as it would unpatched."""
+    return Settings(order=order, presize="off-allow-crash" if stock else "on", strict=True, kda_fix=kda_fix)
 
 
-def stock_in_order(order: str) -> Settings:
-    """The patch's settings for stock vLLM captured in ``order``: the plugin's own policy reorders vLLM's
-    lists, and presize ``off-allow-crash`` leaves vLLM's lazy staging alone (strict, no receipts)."""
-    return Settings(order=order, presize="off-allow-crash", strict=True)
+PATCHED = arm_settings()
+"""The patched arm in vLLM's own order, unless a tool passes other settings."""
 
 
 @dataclass
 class ReplayResult:
+    """One replayed capture (stock or patched): what it captured, its buffers, and vLLM's own plan."""
+
     ok: bool
     error: str | None
     sequence: dict[str, list[int]]
-    """``num_tokens`` per mode in the order captured (a patch's order, or vLLM's own)."""
+    """``num_tokens`` per list in the order walked (a policy's order, or vLLM's own), every descriptor."""
     capacity: int
     buffers: dict[str, dict[str, Any]] = field(default_factory=dict)
     forwards: list[int] = field(default_factory=list)
@@ -43,6 +47,12 @@ class ReplayResult:
     conclusive: bool = True
     """The capture ended as a deployment's would: it completed, failed at vLLM's staging copy, or the
     plugin refused; False when the replay itself broke (another error), so it answers nothing."""
+    plan: dict[str, list[int]] = field(default_factory=dict)
+    """vLLM's own capture plan, before any policy."""
+    captured: dict[str, list[int]] = field(default_factory=dict)
+    """The descriptors whose forwards ran, in order: up to the one that failed."""
+    allocated_by: str | None = None  # the descriptor whose output vLLM's lazy staging sized from
+    failed_at: str | None = None  # the descriptor whose forward raised
 
 
 def buffers_hold(buffers: dict[str, dict[str, Any]], rows: int) -> bool:
@@ -72,20 +82,21 @@ def cpu_stubs(cfg: ReplayConfig) -> Iterator[types.ModuleType]:
         yield module
 
 
-def build_manager(cfg: ReplayConfig) -> Any:
-    """The real ``ModelCudaGraphManager`` for ``cfg`` (call inside :func:`cpu_stubs`)."""
+def build_manager(cfg: ReplayConfig, vllm_config: Any = None) -> Any:
+    """The real ``ModelCudaGraphManager`` for ``cfg`` (call inside :func:`cpu_stubs`), from ``vllm_config``
+    (a deployment's, in the pre-flight) or else the one built for ``cfg``."""
     return seams.new_manager(
-        make_vllm_config(cfg), cfg.mode, cfg.decode_query_len, lora_capture_cases=cfg.lora_capture_cases,
-        varlen_decode=cfg.varlen_decode, ubatch_runner=UbatchRunner() if cfg.dbo else None,
+        make_vllm_config(cfg) if vllm_config is None else vllm_config, cfg.mode, cfg.decode_query_len,
+        lora_capture_cases=cfg.lora_capture_cases, varlen_decode=cfg.varlen_decode,
+        ubatch_runner=UbatchRunner() if cfg.dbo else None,
     )  # fmt: skip
 
 
 def run_capture(manager: Any, cfg: ReplayConfig) -> ReplayResult:
     """Run the manager's real ``capture()`` (call inside :func:`cpu_stubs`); errors become results."""
-    from ..._engine.sizing import capture_sequence, staging_capacity
-
     plan = seams.capture_plan(manager)
     rows = max(staging_capacity(plan), 1)
+    vllms = capture_sequence(plan)  # vLLM's own order, before a policy reorders the lists
     upstream = None
     if not cfg.first_pp_rank:
         upstream = {k: torch.zeros(rows, cfg.hidden_size, dtype=cfg.dtype) for k in cfg.intermediate_keys}
@@ -99,6 +110,10 @@ def run_capture(manager: Any, cfg: ReplayConfig) -> ReplayResult:
         error, settled = f"{type(exc).__name__}: {exc}", conclusive(exc)
     walked = seams.replayed_plan(manager)  # the order captured, a patch's too
     walked = plan if walked is None else walked
+    ran = _ran(model.forwards, walked)
+    lists: dict[Any, list[Any]] = {}
+    for key, _, desc in ran:
+        lists.setdefault(key, []).append(desc)
     return ReplayResult(
         ok=error is None,
         error=error,
@@ -107,7 +122,31 @@ def run_capture(manager: Any, cfg: ReplayConfig) -> ReplayResult:
         buffers=staging_buffer_bytes(manager),
         forwards=model.forwards,
         conclusive=settled,
+        plan=vllms,
+        captured=capture_sequence(lists),
+        allocated_by=_describe(*ran[0][1:]) if ran else None,  # vLLM's lazy staging sizes from it
+        failed_at=_describe(*ran[-1][1:]) if ran and error is not None else None,
     )
+
+
+def _ran(forwards: list[int], walked: dict[Any, list[Any]]) -> list[tuple[Any, Any, Any]]:
+    """(list key, mode, descriptor) of each descriptor the capture ran, in order: the loop walks the lists
+    PIECEWISE first, each descriptor in its own mode, two forwards each (warm-up, capture)."""
+    flat = [
+        (key, getattr(d, "cg_mode", key), d) for key in sorted(walked, key=mode_rank) for d in walked[key]
+    ]
+    return flat[: len(forwards[::2])]
+
+
+def _describe(mode: Any, desc: Any) -> str:
+    parts = [f"{getattr(mode, 'name', mode)} num_tokens={desc.num_tokens}"]
+    if getattr(desc, "uniform_token_count", None):
+        parts.append(f"uniform decode {desc.num_reqs} x {desc.uniform_token_count}")
+    if getattr(desc, "num_active_loras", 0):
+        parts.append(f"{desc.num_active_loras} LoRAs")
+    if getattr(desc, "num_ubatches", 1) > 1:
+        parts.append(f"{desc.num_ubatches} micro-batches")
+    return parts[0] + (f" ({', '.join(parts[1:])})" if len(parts) > 1 else "")
 
 
 @contextlib.contextmanager
@@ -126,10 +165,13 @@ def stock_or_patched(patched: bool, settings: Settings = PATCHED) -> Iterator[St
             fix.uninstall()
 
 
-def replay(cfg: ReplayConfig, patched: bool, settings: Settings = PATCHED) -> ReplayResult:
-    """Build the real manager and run its capture staging, stock or patched (with ``settings``)."""
+def replay(
+    cfg: ReplayConfig, patched: bool, settings: Settings = PATCHED, vllm_config: Any = None
+) -> ReplayResult:
+    """The one replay: build the real manager (:func:`build_manager`) and run its capture staging on CPU,
+    stock or patched with ``settings``."""
     with cpu_stubs(cfg), stock_or_patched(patched, settings):
-        return run_capture(build_manager(cfg), cfg)
+        return run_capture(build_manager(cfg, vllm_config), cfg)
 
 
 def vllm_sizes_staging() -> bool:
@@ -139,6 +181,6 @@ def vllm_sizes_staging() -> bool:
     size; a vLLM that pre-sizes captures it with every buffer at the largest descriptor's rows.
     """
     cfg = ReplayConfig(mode="FULL", sizes=(1, 2, 4), max_num_seqs=4, hidden_size=8)
-    result = replay(cfg, patched=True, settings=stock_in_order("ascending"))
+    result = replay(cfg, patched=True, settings=arm_settings("ascending", stock=True))
     rows = {buffer["rows"] for buffer in result.buffers.values()}
     return result.ok and rows == {result.capacity}

@@ -18,9 +18,9 @@ import time
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-from ... import __version__
 from ..._engine.settings import ENV_ORDER, ConfigError, Settings, read_settings
 from .. import internal, scoped, seams
+from ..exits import Exit, say_error
 from ..text import first_line
 from . import workaround
 from .arguments import PARSER_MODULE, check_order, has_serve_parser, parse_serve_arguments
@@ -34,12 +34,8 @@ from .render import render
 from .result import Preflight, ServingFix, StageResult
 
 __all__ = [
-    "EXIT_BAD_ARGUMENTS", "EXIT_BOOTS", "EXIT_CANNOT_CHECK_HERE", "EXIT_FAILS", "EXIT_NOT_ANSWERED",
-    "EXIT_WILL_NOT_SERVE", "GPUS", "exit_code", "main", "run",
+    "GPUS", "exit_code", "main", "run",
 ]  # fmt: skip
-EXIT_BOOTS, EXIT_FAILS, EXIT_BAD_ARGUMENTS, EXIT_CANNOT_CHECK_HERE = 0, 1, 2, 3
-EXIT_WILL_NOT_SERVE = 4  # boots with the plugin, whose KDA fix is off: vLLM's shared KDA layer faults
-EXIT_NOT_ANSWERED = 5  # a question that could change the verdict was not answered here (the report says)
 
 
 @contextlib.contextmanager
@@ -95,7 +91,7 @@ def run(
     early = check_model_early(argv)
     checked: set[tuple[str, str | None]] = {(early, None)} if early else set()  # (model, revision): once
     from .. import cpu_replay  # torch and vLLM: only once the arguments look right
-    from .replay import plugin_settings, replay_arm, replay_stock
+    from .replay import replay_arm, replay_stock
 
     versions = compat.installed_versions()
     if versions["vllm"] is None:
@@ -142,10 +138,10 @@ def run(
         stages: list[StageResult] = []
         with phases.phase("replay"):
             runs = replay_stock(vllm_config, inputs)
-            settings = plugin_settings(order, kda_fix)
-            for stage, stock, _ in runs:
-                plugin, _ = replay_arm(vllm_config, inputs, patched=True, stage=stage, settings=settings)
-                stages.append(StageResult(stage.index, stage.staged, stock, plugin))
+            settings = cpu_replay.arm_settings(order, kda_fix=kda_fix)
+            for run in runs:
+                plugin = replay_arm(vllm_config, inputs, patched=True, stage=run.stage, settings=settings)
+                stages.append(StageResult(run.stage.index, run.stage.staged, run.arm, plugin))
             kda_step, kda_step_error = _kda_step(vllm_config)
             kda_plugin = (
                 _kda_step(vllm_config, settings)[0] if kda_step is not None and kda_step.faults else None
@@ -154,7 +150,7 @@ def run(
         if kda_step is not None and kda_step.faults:
             with phases.phase("serving fix"):
                 serving_fix = _without_replayssm(argv, configure, settings)
-        plan = runs[-1][2]  # vLLM's own plan (the same at every stage)
+        plan = runs[-1].arm.plan  # vLLM's own plan (the same at every stage)
         compilation = vllm_config.compilation_config
         sizes = sorted(compilation.cudagraph_capture_sizes or [])
         fix = None
@@ -164,7 +160,7 @@ def run(
                 config = configure(words)
                 runs = replay_stock(config, seams.manager_inputs(config))
                 used = sorted(config.compilation_config.cudagraph_capture_sizes or [])
-                return all(arm.ok for _, arm, _ in runs), runs[-1][2], used
+                return all(run.arm.ok for run in runs), runs[-1].arm.plan, used
 
             tokens = int(vllm_config.num_speculative_tokens)
             with phases.phase("workaround"):
@@ -252,14 +248,12 @@ def _without_replayssm(argv: Sequence[str], configure: Any, settings: Any) -> Se
     config = configure(words)
     inputs = seams.manager_inputs(config)
     runs = replay_stock(config, inputs)
-    capacity = workaround.widest(runs[-1][2])
-    plugin = [
-        replay_arm(config, inputs, patched=True, stage=stage, settings=settings)[0] for stage, _, _ in runs
-    ]
+    capacity = workaround.widest(runs[-1].arm.plan)
+    plugin = [replay_arm(config, inputs, patched=True, stage=run.stage, settings=settings) for run in runs]
     plugin_boots = all(arm.ok and cpu_replay.buffers_hold(arm.buffers, capacity) for arm in plugin)
     step, error = _kda_step(config)
     serves = None if error is not None else (step is None or not step.faults)
-    return ServingFix(words, all(arm.ok for _, arm, _ in runs), plugin_boots, serves)
+    return ServingFix(words, all(run.arm.ok for run in runs), plugin_boots, serves)
 
 
 def _query_lengths(vllm_config: Any) -> list[int]:
@@ -285,45 +279,39 @@ def main(
         with _logs_to_stderr():
             result = run(serve_argv, settings.order, GPUS[gpu_name], order_from, gpus, settings.kda_fix)
     except (BadArguments, ConfigError) as exc:  # ConfigError: a variable, or register() in vLLM's parser
-        return _fail(EXIT_BAD_ARGUMENTS, "bad arguments", str(exc), as_json)
+        return _fail(Exit.BAD_INPUT, "bad arguments", str(exc), as_json)
     except SystemExit as exc:  # vLLM's parser printed its --help (to stderr: stdout is the report's)
         if not as_json or exc.code not in (0, None):
             raise
         said = "--help after `--` prints vllm serve's help, which is no report: leave out --json to read it"
-        return _fail(EXIT_BAD_ARGUMENTS, "bad arguments", said, as_json)
+        return _fail(Exit.BAD_INPUT, "bad arguments", said, as_json)
     except CannotCheckHere as exc:
-        return _fail(EXIT_CANNOT_CHECK_HERE, "cannot check on this machine", str(exc), as_json)
+        return _fail(Exit.CANNOT_CHECK, "cannot check on this machine", str(exc), as_json)
     except Exception as exc:  # one line, never a traceback (but under -v)
         if internal.is_internal(exc):
             return internal.fail(exc, "vllm-staging-plugin check", verbose, as_json)
         if verbose:
             print(internal.traceback_text(exc), file=sys.stderr, end="")
         message = f"{type(exc).__name__}: {first_line(str(exc))}; {GPU_HOST}"  # vLLM raised inspecting it
-        return _fail(EXIT_CANNOT_CHECK_HERE, "cannot check on this machine", message, as_json)
+        return _fail(Exit.CANNOT_CHECK, "cannot check on this machine", message, as_json)
     code = exit_code(result)
     if as_json:
-        print(json.dumps({**result.to_json(), "exit_code": code}, indent=1))
+        print(json.dumps({**result.to_json(), "exit_code": int(code)}, indent=1))
     else:
         print(render(result))
-    return code
+    return int(code)
 
 
-def exit_code(result: Preflight) -> int:
+def exit_code(result: Preflight) -> Exit:
     """1 when the plugin does not boot it, 4 when it boots but will not serve, 5 when a question that
     could change that was not answered here (a plugin arm's replay broke, or the serving check), else 0."""
     plugin_arms = [s.plugin for s in result.stages]
     if not result.plugin_boots:
-        return EXIT_FAILS if all(arm.conclusive for arm in plugin_arms) else EXIT_NOT_ANSWERED
+        return Exit.FAILS if all(arm.conclusive for arm in plugin_arms) else Exit.NOT_ANSWERED
     if not result.plugin_serves:
-        return EXIT_WILL_NOT_SERVE
-    return EXIT_NOT_ANSWERED if result.kda_step_error is not None else EXIT_BOOTS
+        return Exit.WILL_NOT_SERVE
+    return Exit.NOT_ANSWERED if result.kda_step_error is not None else Exit.OK
 
 
-def _fail(code: int, what: str, message: str, as_json: bool) -> int:
-    if as_json:
-        print(
-            json.dumps({"plugin_version": __version__, "exit_code": code, "error": what, "message": message})
-        )
-    else:
-        print(f"vllm-staging-plugin check: {what}: {message}", file=sys.stderr)
-    return code
+def _fail(code: Exit, what: str, message: str, as_json: bool) -> int:
+    return say_error("vllm-staging-plugin check", code, what, message, as_json)

@@ -6,21 +6,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ... import __version__
+from ..cpu_replay import ReplayResult
 from ..seams import KdaMixedStep
 from .workaround import Workaround
 
 FIRST_SIZING_RELEASE = "0.34.0"  # vLLM sizes its staging buffers by the largest descriptor from here on
-
-
-@dataclass
-class Arm:
-    ok: bool
-    error: str | None
-    sequence: dict[str, list[int]]
-    buffers: dict[str, dict[str, Any]]
-    allocated_by: str | None = None
-    failed_at: str | None = None
-    conclusive: bool = True  # False: the replay broke on something else, so this arm answers nothing
 
 
 @dataclass
@@ -29,8 +19,8 @@ class StageResult:
 
     index: int
     staged: str  # "hidden_states" (last stage) or "intermediate_tensors"
-    stock: Arm
-    plugin: Arm
+    stock: ReplayResult
+    plugin: ReplayResult
 
 
 @dataclass
@@ -63,8 +53,8 @@ class Preflight:
     dtype: str
     capacity: int
     sequence: dict[str, list[int]]
-    stock: Arm
-    plugin: Arm
+    stock: ReplayResult
+    plugin: ReplayResult
     order: str
     notes: list[str]
     stages: list[StageResult] = field(default_factory=list)
@@ -160,7 +150,7 @@ class Preflight:
         )
         return [f"        (without --use-replayssm: checked again, it serves and {boots})"]
 
-    def _fits(self, arm: Arm) -> bool:
+    def _fits(self, arm: ReplayResult) -> bool:
         from ..cpu_replay import buffers_hold
 
         return arm.ok and buffers_hold(arm.buffers, self.capacity)
@@ -283,12 +273,12 @@ class Preflight:
         }
 
 
-def _arm_json(arm: Arm) -> dict[str, Any]:
+def _arm_json(arm: ReplayResult) -> dict[str, Any]:
     return {
         "ok": arm.ok,
         "error": arm.error,
         "allocated_by": arm.allocated_by,
         "failed_at": arm.failed_at,
-        "captured": arm.sequence,
+        "captured": arm.captured,
         "buffers": arm.buffers,
     }
