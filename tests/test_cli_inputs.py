@@ -110,6 +110,9 @@ BAD_INPUTS = [  # (words, environment, exit code, the one line says)
      "speculative model './no-drafter': no such folder (a local model is a folder holding its config.json)"),
     (["--", "./zz"], {}, 2,  # no model type's name inside "zz": transformers cannot guess one
      "ModelConfig: Unrecognized model in ./zz. Should have a `model_type` key in its config.json"),
+    (["--", "./qwen3", "--max-num-seqs", "-5"], {}, 2,  # pydantic's two errors, the operator's option first
+     "SchedulerConfig: max_num_seqs (--max-num-seqs) Input should be greater than or equal to 1; "
+     "max_num_batched_tokens Input should be greater than or equal to 1"),
     (["--", "./qwen3", "-cc", '{"cudagraph_capture_sizes": "x"}'], {}, 2,
      "vllm serve: error: argument --compilation-config/-cc: 1 validation error for CompilationConfig: "
      "cudagraph_capture_sizes: Input should be a valid array"),
@@ -189,7 +192,7 @@ def test_each_bad_input_is_one_line_with_its_exit_code(
     as_json = call(children, ["check", "--json", *words], env)
     out = one_json_object(as_json["code"], as_json["out"], as_json["err"])
     assert as_json["code"] == code and message in str(out["message"])
-    if not message.startswith(("vllm serve: error", "speculative model", "ModelConfig")):  # need vLLM
+    if not message.startswith(("vllm serve: error", "speculative model", "ModelConfig", "SchedulerConfig")):
         assert not text["vllm"] and not as_json["vllm"]  # refused before vLLM is imported
 
 
@@ -285,8 +288,8 @@ def test_with_json_vllms_log_lines_go_to_stderr(
 
     build = preflight.create_engine_config
 
-    def logging_build(args: Any) -> Any:
-        config = build(args)  # vLLM configures its log handler in there, if this process had none yet
+    def logging_build(args: Any, argv: Any = ()) -> Any:
+        config = build(args, argv)  # vLLM configures its log handler in there, if this process had none yet
         logging.getLogger("vllm.config.model").warning("a warning of vLLM's")
         return config
 

@@ -516,3 +516,20 @@ def test_the_drafter_is_checked_exactly_when_vllm_loads_its_name_as_a_model(
         return
     assert built.draft_model_config is None or built.draft_model_config.model != spec["model"]
     assert model_source.draft_model(spec) is None
+
+
+def test_a_module_vllm_cannot_import_is_named_with_its_pip_command_wherever_it_fails(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The platform stage or any other: a missing distribution is advice to install it, not the GPU host."""
+    from vllm_staging_plugin._offline import preflight
+    from vllm_staging_plugin._offline.preflight.missing import vllm_requirement
+
+    def fails(*args: Any, **kwargs: Any) -> Any:
+        raise ModuleNotFoundError("No module named 'compressed_tensors'", name="compressed_tensors")
+
+    monkeypatch.setattr(preflight, "run", fails)
+    assert preflight.main(["./model"], order=None, as_json=False) == Exit.CANNOT_CHECK
+    err = capsys.readouterr().err
+    requirement = vllm_requirement("compressed_tensors")
+    assert requirement is not None and f"pip install '{requirement}'" in err and "GPU host" not in err

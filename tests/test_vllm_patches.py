@@ -145,11 +145,13 @@ def test_the_command_without_vllm_says_so(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     monkeypatch.setattr(vllm_patches.importlib.util, "find_spec", lambda name: None)
-    assert cli.main(["patch", "presize", "--dry-run"]) == 1
-    assert (
-        capsys.readouterr().err
-        == "vllm-staging-plugin patch: no vLLM is installed in this Python environment\n"
+    assert cli.main(["patch", "presize", "--dry-run"]) == 3  # what to install: the patch's newest release
+    assert capsys.readouterr().err == (
+        "vllm-staging-plugin patch: vLLM and torch are not installed here: pip install vllm==0.33.0 "
+        "(it brings torch)\n"
     )
+    with pytest.raises(vllm_patches.PatchError, match="no vLLM is installed in this Python environment"):
+        vllm_patches.plan("presize")  # the library's own answer, for a caller other than the command
 
 
 def test_apply_and_revert_together_are_bad_arguments(capsys: pytest.CaptureFixture[str]) -> None:

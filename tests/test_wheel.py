@@ -175,10 +175,12 @@ def test_from_a_clean_venv_the_commands_and_the_patches_work(wheel: Path, tmp_pa
     assert printed == [0, vllm_patches.text("presize"), ""]
     kda = fake / "vllm/model_executor/layers/mamba/gdn/kimi_gdn_linear_attn.py"
     assert dry == [0, f"would apply: {kda}\n", ""]
-    assert applied[0] == 0 and applied[1].startswith(f"would apply: {kda}\napplied kda to the installed vLLM")
+    assert applied[0] == 0 and applied[1].startswith(f"applied the kda patch to the installed vLLM ({kda})")
     assert "undo with `vllm-staging-plugin patch kda --revert`" in applied[1]
     assert again == [0, f"already applied: {kda}\n", ""]
-    assert reverted[0] == 0 and reverted[1].startswith(f"would revert: {kda}\nreverted kda")
+    assert reverted[0] == 0 and reverted[1].startswith(
+        f"reverted the kda patch: the installed vLLM's {kda} is"
+    )
     assert kda.read_bytes() == (real / kda.relative_to(fake)).read_bytes()  # applied, then reverted exactly
     if SIZES_STAGING:  # vLLM 0.34.0's file is neither stock 0.33.0's nor the patched one
         assert not_applied[:2] == [1, f"does not fit: {fake / targets[0]}\n"]
@@ -188,3 +190,52 @@ def test_from_a_clean_venv_the_commands_and_the_patches_work(wheel: Path, tmp_pa
         [venv / "bin" / "vllm-staging-plugin", "--version"], cwd=work, env=env, capture_output=True, text=True
     )
     assert version.stdout.strip() == "0.1.0"
+
+
+@pytest.mark.subprocess
+def test_without_torch_or_vllm_every_command_answers(wheel: Path, tmp_path: Path) -> None:
+    """The wheel in a venv holding only it and pluggy (what `pip install vllm-staging-plugin` gives: vLLM
+    and torch are the operator's): help, version and report work; every command that needs vLLM says in
+    one line what to install (exit 3), one JSON object with --json; a patch still prints."""
+    import pluggy
+
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    python = venv / "bin" / "python"
+    pip = [sys.executable, "-m", "pip", "--python", str(python), "install", "-q", "--no-deps", "--no-index"]
+    subprocess.run([*pip, str(wheel)], check=True, capture_output=True)
+    site = subprocess.run(
+        [python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+        capture_output=True,
+        text=True,
+    ).stdout.strip()
+    shutil.copytree(Path(pluggy.__file__).parent, Path(site) / "pluggy")
+    work = tmp_path / "empty"
+    work.mkdir()
+    env = {"PATH": os.environ["PATH"], "HOME": str(tmp_path)}
+
+    def run(*argv: str) -> tuple[int, str, str]:
+        done = subprocess.run([venv / "bin" / "vllm-staging-plugin", *argv], cwd=work, env=env,
+                              capture_output=True, text=True, timeout=60)  # fmt: skip
+        return done.returncode, done.stdout, done.stderr
+
+    assert subprocess.run([python, "-c", "import torch"], capture_output=True).returncode != 0
+    code, out, err = run("--help")
+    assert code == 0 and "commands:" in out and err == ""
+    assert run("--version")[:2] == (0, "0.1.0\n")
+    install = "vLLM and torch are not installed here: pip install vllm=="
+    for argv in ([], ["check", "--order", "ascending"], ["check", "--", "./model"]):
+        code, out, err = run(*argv)
+        assert code == 3 and out == "" and err.count("\n") == 1, err
+        assert err.startswith(f"vllm-staging-plugin check: cannot check on this machine: {install}0.34.0")
+    code, out, err = run("check", "--json", "--", "./model")
+    said = json.loads(out)
+    assert code == said["exit_code"] == 3 and said["error"] == "cannot check on this machine" and err == ""
+    assert said["message"].startswith(install)
+    code, out, err = run("patch", "kda", "--dry-run")
+    assert (code, out) == (3, "") and err.startswith(f"vllm-staging-plugin patch: {install}0.34.0")
+    assert run("patch", "presize")[:2] == (0, vllm_patches.text("presize"))
+    receipts = ROOT / "docs" / "data" / "h200-2026-11-29" / "receipts"
+    golden = (ROOT / "tests" / "report-h200.golden").read_text().rstrip("\n")
+    assert run("report", str(receipts))[:2] == (0, golden + "\n")
+    assert run("report", str(tmp_path / "missing"))[0] == 2

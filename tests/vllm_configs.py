@@ -11,8 +11,9 @@ from typing import Any
 import pytest
 from configs import NO_WEIGHTS
 
+from vllm_staging_plugin._offline.gpus import GPUS
 from vllm_staging_plugin._offline.preflight import arguments, configure
-from vllm_staging_plugin._offline.preflight.platform import GPUS, platform_for_check
+from vllm_staging_plugin._offline.preflight.platform import platform_for_check
 from vllm_staging_plugin._offline.scoped import attributes
 from vllm_staging_plugin._offline.seams import platform as platform_seam
 

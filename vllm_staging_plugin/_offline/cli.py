@@ -8,16 +8,17 @@ import argparse
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from .. import __version__
-from . import main_job
 from .exits import Exit, say_error
-from .main_job import MainJob
-from .preflight import GPUS
+from .gpus import GPUS
 from .quiet import quiet_logs
 from .scoped import attributes
 from .text import describe_buffers, shorten
+
+if TYPE_CHECKING:  # torch and vLLM: imported by the command that needs them, never by --help
+    from .main_job import MainJob
 
 
 def _installed(versions: dict[str, str | None], dist: str) -> str:
@@ -70,6 +71,8 @@ def render_main_job(job: MainJob) -> str:
 
 def check(args: argparse.Namespace) -> int:
     """The main job: what is installed, whether the plugin would patch it, and a CPU replay."""
+    from . import main_job
+
     job = main_job.run(**demo_settings(args), order=args.order)
     print(render_main_job(job))
     return job.exit_code
@@ -97,6 +100,8 @@ def patch_command(args: argparse.Namespace) -> int:
     from . import vllm_patches
 
     if not (args.apply or args.revert or args.dry_run):
+        if args.name == "presize" and _vllm_sizes_staging():
+            print(f"# {NOT_NEEDED}", file=sys.stderr)  # the diff still goes to stdout, for `patch -p1`
         print(vllm_patches.text(args.name), end="")
         return 0
     try:
@@ -104,13 +109,12 @@ def patch_command(args: argparse.Namespace) -> int:
     except vllm_patches.PatchError as exc:
         return say_error(PATCH_PROG, Exit.FAILS, "", str(exc), as_json=False, labelled=False)
     words = PATCH_STATES[args.revert]
-    if args.name == "presize" and not args.revert and not result.fits and _vllm_sizes_staging():
-        print("vllm-staging-plugin patch: not needed: this vLLM sizes its staging buffers to the largest "
-              "capture descriptor itself (its capture staging, replayed on CPU in ascending order, holds the "
-              "largest descriptor's rows); nothing was written")  # fmt: skip
+    if args.name == "presize" and not result.fits and _vllm_sizes_staging():
+        print(NOT_NEEDED)
         return 0
-    for path, state in result.files.items():
-        print(f"{words[state]}: {path}")
+    if args.dry_run or not result.fits or not result.results:  # a real write says what it did below
+        for path, state in result.files.items():
+            print(f"{words[state]}: {path}")
     if not result.fits:
         fits = f"it does not fit this vLLM ({vllm_patches.releases_of(args.name)}); nothing was written"
         return say_error(PATCH_PROG, Exit.FAILS, "", fits, as_json=False, labelled=False)
@@ -120,24 +124,33 @@ def patch_command(args: argparse.Namespace) -> int:
         vllm_patches.write(result)
     except vllm_patches.PatchError as exc:
         return say_error(PATCH_PROG, Exit.FAILS, "", str(exc), as_json=False, labelled=False)
-    done = "reverted" if args.revert else "applied"
-    undo = "" if args.revert else f"; undo with `vllm-staging-plugin patch {args.name} --revert`"
-    print(f"{done} {args.name} to the installed vLLM; restart vLLM to use it{undo}")
+    files = ", ".join(str(path) for path in result.results)
+    if args.revert:
+        print(f"reverted the {args.name} patch: the installed vLLM's {files} is as released again; "
+              "restart vLLM")  # fmt: skip
+    else:
+        print(f"applied the {args.name} patch to the installed vLLM ({files}); restart vLLM to use it; "
+              f"undo with `vllm-staging-plugin patch {args.name} --revert`")  # fmt: skip
     return 0
 
 
 def _vllm_sizes_staging() -> bool:
     """By behaviour, not by version: the installed vLLM's own staging code replayed on CPU."""
-    from . import cpu_replay
-
     try:
+        from . import cpu_replay  # torch and vLLM
+
         with quiet_logs(verbose=False):  # vLLM's CPU-only import messages, as the check hides them
             return cpu_replay.vllm_sizes_staging()
-    except Exception:  # a vLLM the replay cannot drive: the patch's own answer stands
+    except Exception:  # none here, or a vLLM the replay cannot drive: the patch's own answer stands
         return False
 
 
 PATCH_PROG = "vllm-staging-plugin patch"
+NOT_NEEDED = (
+    "vllm-staging-plugin patch: not needed: this vLLM sizes its staging buffers to the largest capture "
+    "descriptor itself (its capture staging, replayed on CPU in ascending order, holds the largest "
+    "descriptor's rows); nothing was written"
+)
 PATCH_STATES = {
     False: {"applies": "would apply", "already": "already applied", "does not fit": "does not fit"},
     True: {"applies": "would revert", "already": "not applied", "does not fit": "does not fit"},
@@ -167,8 +180,9 @@ exit codes:
   1  it does not boot even with the plugin, or the plugin would not patch this vLLM
   2  bad arguments: vLLM rejects the `vllm serve` arguments, a missing model folder, a bad
      --order or STAGING_PLUGIN_ORDER (the message names which)
-  3  cannot check on this machine: vLLM cannot inspect the model or the configuration here
-     (the message says what to do: the package to install, or to check on the GPU host)
+  3  cannot check on this machine: vLLM or torch is not installed here, or vLLM cannot inspect the
+     model or the configuration here (the message says what to do: the package to install, with
+     its pip command, or to check on the GPU host)
   4  it boots with the plugin but will not serve correctly: vLLM's shared KDA layer (Kimi-Linear)
      under --use-replayssm reads past its state index on each step that mixes a speculative decode
      with a prefill (the WARNING block, or "serve": {"ok": false} with --json, says what to change)
@@ -204,9 +218,11 @@ exactly (no fuzz) or nothing is written. `pip install --force-reinstall --no-dep
 installed one) also undoes it.
 
 exit codes:
-  0  printed; applied, reverted, or (--dry-run) it would; or nothing to do (already so)
-  1  it does not fit the installed vLLM, no vLLM is installed, or a file cannot be read or written
+  0  printed; applied, reverted, or (--dry-run) it would; or nothing to do (already so, or not needed:
+     this vLLM sizes its staging buffers itself)
+  1  it does not fit the installed vLLM, or a file cannot be read or written
   2  bad arguments
+  3  vLLM or torch is not installed here (the line names the pip command)
 """
 
 
@@ -372,6 +388,21 @@ def main(argv: Sequence[str] | None = None) -> int:
         return internal.fail(exc, "vllm-staging-plugin", verbose, as_json="--json" in words)
 
 
+def _missing_vllm(release: str) -> str | None:
+    """What to install when torch or vLLM is missing here (the plugin's own install brings neither)."""
+    import importlib.util
+
+    absent = [
+        name
+        for name, dist in (("vLLM", "vllm"), ("torch", "torch"))
+        if importlib.util.find_spec(dist) is None
+    ]
+    if not absent:
+        return None
+    verb = "are" if len(absent) > 1 else "is"
+    return f"{' and '.join(absent)} {verb} not installed here: pip install vllm=={release} (it brings torch)"
+
+
 def _run(parser: argparse.ArgumentParser, words: list[str], serve_args: list[str] | None) -> int:
     args, unknown = parser.parse_known_args(words)
     if unknown and args.command == "check" and serve_args is None and not unknown[0].startswith("-"):
@@ -384,13 +415,27 @@ def _run(parser: argparse.ArgumentParser, words: list[str], serve_args: list[str
     if args.command in ("report", "patch"):
         if serve_args is not None:
             parser.error(f"{args.command} takes no `-- MODEL [vllm serve arguments]`")
-        return report_command(args) if args.command == "report" else patch_command(args)
+        if args.command == "report":
+            return report_command(args)
+        from .vllm_patches import PATCHES
+
+        release = PATCHES[args.name].releases.rsplit("-", 1)[-1]
+        missing = _missing_vllm(release) if args.apply or args.revert or args.dry_run else None
+        if missing is not None:
+            return say_error(PATCH_PROG, Exit.CANNOT_CHECK, "", missing, as_json=False, labelled=False)
+        return patch_command(args)
     if serve_args is not None and not serve_args:
         _refuse(f"nothing after `--`: {PREFLIGHT_FORM}", args.json)
     demo = [f"--{dest.replace('_', '-')}" for dest in DEMO_DEFAULTS if getattr(args, dest, None) is not None]
     if serve_args is not None and demo:  # ignored by the pre-flight: never silently
         _refuse(f"{', '.join(demo)}: options of the demonstration (without `--`); a vllm serve option goes "
                 f"after `--`: {PREFLIGHT_FORM}", args.json)  # fmt: skip
+    from .._engine.compat import SHAPES
+
+    missing = _missing_vllm(SHAPES[-1].releases.rsplit("-", 1)[-1])  # the newest release the plugin knows
+    if missing is not None:
+        return say_error("vllm-staging-plugin check", Exit.CANNOT_CHECK, "cannot check on this machine",
+                         missing, as_json=args.json)  # fmt: skip
     with quiet_logs(args.verbose):
         if serve_args is not None:
             from . import preflight

@@ -12,16 +12,21 @@ import traceback
 from pathlib import Path
 
 from .exits import Exit, say_error
-from .seams import SeamChanged
 from .text import first_line
 
 PACKAGE = Path(__file__).resolve().parent.parent
 REPORT = "please report it with this line, `vllm-staging-plugin --version` and `pip show vllm`"
 
 
+def _seam_changed(exc: BaseException) -> bool:
+    """A seam's own error (only where the seams, which import vLLM, were loaded at all)."""
+    changed = sys.modules.get("vllm_staging_plugin._offline.seams.changed")
+    return changed is not None and isinstance(exc, changed.SeamChanged)
+
+
 def is_internal(exc: BaseException) -> bool:
     """A seam found a vLLM private changed, or the innermost frame is the plugin's own code."""
-    if isinstance(exc, SeamChanged):
+    if _seam_changed(exc):
         return True
     frames = traceback.extract_tb(exc.__traceback__)
     return bool(frames) and Path(frames[-1].filename).resolve().is_relative_to(PACKAGE)
@@ -45,7 +50,7 @@ def describe(exc: BaseException) -> str:
     """The one line: what broke, where, and what to do."""
     what = (
         "a vLLM private the plugin reads changed"
-        if isinstance(exc, SeamChanged)
+        if _seam_changed(exc)
         else "a bug in the plugin, or a vLLM change it does not know"
     )
     return (

@@ -21,14 +21,15 @@ from typing import Any
 from ..._engine.settings import ENV_ORDER, ConfigError, Settings, read_settings
 from .. import internal, scoped, seams
 from ..exits import Exit, say_error
+from ..gpus import GPUS, Gpu
 from ..text import first_line
 from . import workaround
 from .arguments import PARSER_MODULE, check_order, has_serve_parser, parse_serve_arguments
 from .configure import create_engine_config, inspect_model_classes
-from .missing import missing_behind
+from .missing import missing_behind, missing_module
 from .model_source import check_model, check_model_early, draft_model
 from .phases import Phases
-from .platform import GPUS, Gpu, node_gpus, platform_for_check, platform_json
+from .platform import node_gpus, platform_for_check, platform_json
 from .refusals import GPU_HOST, BadArguments, CannotCheckHere
 from .render import render
 from .result import Preflight, ServingFix, StageResult
@@ -119,7 +120,7 @@ def run(
                 type(platform).emulated_count = gpus or node_gpus(args)
             with phases.phase("inspect"):  # vLLM caches it: the configuration build below finds it
                 inspect_model_classes(str(args.model))
-            config = create_engine_config(args)
+            config = create_engine_config(args, words)
             if not getattr(config, "use_v2_model_runner", True):  # 0.34.0 has no V1 runner (nor the flag)
                 raise CannotCheckHere(
                     "vLLM picks Model Runner V1 for this configuration: it has no ModelCudaGraphManager, "
@@ -292,7 +293,12 @@ def main(
             return internal.fail(exc, "vllm-staging-plugin check", verbose, as_json)
         if verbose:
             print(internal.traceback_text(exc), file=sys.stderr, end="")
-        message = f"{type(exc).__name__}: {first_line(str(exc))}; {GPU_HOST}"  # vLLM raised inspecting it
+        missing = missing_module(exc)  # wherever in the check vLLM's import of it failed
+        message = (
+            missing.advice
+            if missing is not None
+            else f"{type(exc).__name__}: {first_line(str(exc))}; {GPU_HOST}"  # vLLM raised inspecting it
+        )
         return _fail(Exit.CANNOT_CHECK, "cannot check on this machine", message, as_json)
     code = exit_code(result)
     if as_json:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+from collections.abc import Sequence
 from typing import Any
 
 from .. import seams
@@ -22,8 +23,9 @@ def inspect_model_classes(model: str) -> None:
         seams.inspect_architecture(architecture)
 
 
-def create_engine_config(args: argparse.Namespace) -> Any:
-    """``AsyncEngineArgs.from_cli_args(args).create_engine_config`` as the API server calls it."""
+def create_engine_config(args: argparse.Namespace, argv: Sequence[str] = ()) -> Any:
+    """``AsyncEngineArgs.from_cli_args(args).create_engine_config`` as the API server calls it; ``argv``:
+    the operator's words, so that a refusal names the options they gave."""
     from vllm.engine.arg_utils import AsyncEngineArgs
     from vllm.usage.usage_lib import UsageContext
 
@@ -57,7 +59,28 @@ def create_engine_config(args: argparse.Namespace) -> Any:
                 f"{condense(text)}: vLLM {_vllm_version()} does not know this architecture (check "
                 "`architectures` in config.json and the vLLM version)"
             ) from exc
-        raise BadArguments(condense(text)) from exc
+        raise BadArguments(_validation_errors(exc, argv) or condense(text)) from exc
+
+
+def _validation_errors(exc: BaseException, argv: Sequence[str]) -> str | None:
+    """Every error of a pydantic refusal in one line, the options the operator gave first and named as
+    given (``--max-num-seqs``): pydantic reports a field vLLM derived from one (``max_num_batched_tokens``)
+    beside it. None when the refusal is no pydantic validation of fields."""
+    found: Any = next(
+        (e for e in (exc, exc.__cause__, exc.__context__) if callable(getattr(e, "errors", None))), None
+    )
+    try:
+        errors = list(found.errors()) if found is not None else []
+    except Exception:
+        return None
+    fields = [(".".join(map(str, e.get("loc") or ())), str(e.get("msg", ""))) for e in errors]
+    if not fields or not all(field for field, _ in fields):
+        return None  # a model-level "Value error, ..." sentence: condense() keeps vLLM's own words
+    given = {w[2:].split("=", 1)[0].replace("-", "_") for w in argv if w.startswith("--")}
+    ordered = sorted(fields, key=lambda item: item[0] not in given)
+    said = [f"{field} (--{field.replace('_', '-')}) {msg}" if field in given else f"{field} {msg}"
+            for field, msg in ordered]  # fmt: skip
+    return f"{getattr(found, 'title', type(found).__name__)}: {'; '.join(said)}"
 
 
 def _architectures(model: str) -> list[str]:
