@@ -364,7 +364,7 @@ def test_the_operators_list_comes_back_exactly_as_written() -> None:
 
 
 def test_suspended_gives_vllm_its_own_class_and_then_the_same_wrappers(
-    monkeypatch: pytest.MonkeyPatch,
+    monkeypatch: pytest.MonkeyPatch, plugin_log: Any
 ) -> None:
     """An offline tool's block: vLLM's functions in the class, the hooks and the Ray variable untouched,
     then the very same wrapper functions back (one plugin layer per class, and nothing else changed)."""
@@ -378,6 +378,7 @@ def test_suspended_gives_vllm_its_own_class_and_then_the_same_wrappers(
         assert "_vllm_staging" not in vars(build(cls))
         assert sys.meta_path == hooks and dict(os.environ) == environ
     assert {name: cls.__dict__[name] for name in ours} == ours and "_vllm_staging" in vars(build(cls))
+    assert plugin_log.warnings == []  # nothing was refused on the way back
     vllm_staging_plugin.unregister()
     with vllm_staging_plugin.suspended():  # nothing registered: nothing to do
         assert not is_patched(cls)

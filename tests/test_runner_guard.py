@@ -11,7 +11,7 @@ import pytest
 from stable import assert_says
 
 from vllm_staging_plugin._engine import fix, runner_guard
-from vllm_staging_plugin._engine.runner_guard import V1RunnerError, V1RunnerGuard
+from vllm_staging_plugin._engine.runner_guard import V1_RUNNER_MODULE, V1RunnerError, V1RunnerGuard
 from vllm_staging_plugin._engine.settings import Settings
 
 
@@ -111,6 +111,8 @@ def test_a_class_without_its_own_init_is_not_guarded() -> None:
     guard = V1RunnerGuard(Settings())
     guard.install(module)
     assert "__init__" not in module.GPUModelRunner.__dict__ and guard.wrap is None
+    guard.install(ModuleType(V1_RUNNER_MODULE))  # no runner class at all: nothing to watch, nothing said
+    assert guard.wrap is None and not guard.said
 
 
 def test_a_runner_the_guard_cannot_wrap_keeps_vllms_import_with_one_warning(

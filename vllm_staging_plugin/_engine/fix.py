@@ -139,8 +139,8 @@ class RuntimeFix:
             raise self.error(f"{module.__name__}.{self.target} is missing")
         return cls
 
-    def check(self, cls: type) -> None:
-        """Raise when ``cls`` or the platform is not what the fix was written for."""
+    def check(self) -> None:
+        """Raise when this process (its platform) is not one the fix was written for."""
 
     def wrappers(self, wrap: ClassWrap) -> dict[str, Callable[..., Any]]:
         """The replacement of each method; each passes through to ``wrap.original`` unless ``wrap.live``."""
@@ -167,7 +167,7 @@ class RuntimeFix:
             cls = self.find(module)
             if cls is None:
                 return
-            self.check(cls)
+            self.check()
             self.apply(cls)
         except Exception as exc:
             self.refuse(str(exc) if isinstance(exc, self.error) else f"{type(exc).__name__}: {exc}")

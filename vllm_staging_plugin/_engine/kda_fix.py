@@ -70,7 +70,7 @@ class KdaFix(RuntimeFix):
             raise KdaShapeError(f"{module.__name__}.{KDA_CLASS}.{SPEC_METHOD} is missing")
         return cls
 
-    def check(self, cls: type) -> None:
+    def check(self) -> None:
         compat.check_platform()  # out-of-tree platforms run their own kernels for this layer
 
     def refusal(self, reason: str) -> str:

@@ -64,7 +64,7 @@ class StagingFix(RuntimeFix):
     def find(self, module: Any) -> type:
         return compat.manager_class(module)
 
-    def check(self, cls: type) -> None:
+    def check(self) -> None:
         compat.check_platform()
 
     def apply(self, cls: type) -> bool:
