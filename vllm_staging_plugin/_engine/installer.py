@@ -5,6 +5,16 @@
 needs no V1 guard, and one that built a V1 runner no staging hook), and lists ``STAGING_PLUGIN_`` for
 vLLM's Ray actors. The offline tools suspend it for a block (:meth:`suspended`) instead of stacking a
 second layer of wrappers on vLLM's classes.
+
+Registry entries of its own two changes:
+
+``sys.meta_path`` (one post-import hook per fix, :meth:`.fix.RuntimeFix.start`)
+    Why: ``register()`` must not import torch or vLLM. How: each hook waits for its fix's module and
+    leaves when it fires or its fix retires. Upstream PR: none. Removal: with the fixes.
+``VLLM_RAY_EXTRA_ENV_VAR_PREFIXES_TO_COPY`` (only when a ``STAGING_PLUGIN_*`` variable is set)
+    Why: vLLM's Ray executor and data-parallel Ray backend copy only listed prefixes to Ray actors. How:
+    ``STAGING_PLUGIN_`` appended, the operator's list put back exactly on uninstall. Upstream PR: none
+    (vLLM's documented extension point). Removal: when every supported Ray path copies the environment.
 """
 
 from __future__ import annotations

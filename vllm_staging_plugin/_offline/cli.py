@@ -342,7 +342,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     pat = sub.add_parser(
         "patch",
-        description="The fixes to vLLM itself that ship with the plugin, unified diffs against vLLM 0.33.0: "
+        description="The fixes to vLLM itself that ship with the plugin, unified diffs of vLLM's files, each "
+        "checked by CI on every release it is for: "
         + "; ".join(f"{name}: {p.summary} (for vLLM {p.releases})" for name, p in PATCHES.items())
         + ". Without options the diff is printed (for `patch -p1` in the folder holding vllm/).",
         epilog=PATCH_EPILOG,
