@@ -1,4 +1,4 @@
-"""The manager patch (``StagingFix``) on a fake manager: what it wraps and restores, the capture path, the
+"""The staging fix (``StagingFix``) on a fake manager: what it wraps and restores, the capture path, the
 refusal (every injected structure fault, the platform, strict mode), the log lines and the stand-down."""
 
 from __future__ import annotations

@@ -149,7 +149,7 @@ def _missing(mine: Mapping[str, Any], missing: list[int], wait_seconds: float) -
 
 
 class Agreement:
-    """The manager patch's agreement checks, with the wait bound they use (``WAIT_SECONDS`` unless given)."""
+    """The staging fix's agreement checks, with the wait bound they use (``WAIT_SECONDS`` unless given)."""
 
     def __init__(self, wait_seconds: float | None = None) -> None:
         self.wait_seconds = WAIT_SECONDS if wait_seconds is None else wait_seconds

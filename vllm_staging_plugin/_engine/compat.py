@@ -1,4 +1,4 @@
-"""What the patch relies on in vLLM, detected from structure rather than version strings.
+"""The engine's one door to vLLM's internals: what the fixes rely on, detected from structure, not versions.
 
 One place for the supported set and the reason for each boundary (see docs/compatibility.md):
 
@@ -56,7 +56,7 @@ OPTIONAL_STAGING = frozenset({"intermediate_tensors"})
 SUPPORTED_PLATFORMS = ("cuda", "rocm", "cpu", "unspecified")
 
 
-# What the engine reads on a manager beside what it wraps (patch.py's registry lists each read): the
+# What the engine reads on a manager beside what it wraps (staging_fix.py's registry entry): the
 # profiling pass's mark. 0.29.0-0.33.0: ``_max_full_descs_to_capture``, an int during vLLM's
 # memory-profiling capture and None otherwise. Upstream main after vllm-project/vllm#51700 (read in
 # vllm/v1/worker/gpu/cudagraph_utils.py, a public code index's newest copy; docs/compatibility.md):
@@ -73,7 +73,7 @@ PROFILING_EXTRAPOLATION = "_extrapolate_full_graph_memory"
 
 
 class IncompatibleVllm(RuntimeError):
-    """The installed vLLM lacks the structure the patch relies on."""
+    """The installed vLLM lacks the structure the staging fix relies on."""
 
 
 def manager_class(module: ModuleType) -> type:

@@ -2,7 +2,7 @@
 
 ``register()`` runs in every vLLM process (front end, engine core, workers) at plugin-loading time.
 Importing ``cudagraph_utils`` there would pull torch and much of vLLM into processes that never build a
-graph manager, and could resolve the platform re-entrantly. Instead the patch waits for vLLM to import
+graph manager, and could resolve the platform re-entrantly. Instead each fix waits for vLLM to import
 the module (``model_runner`` does, before any manager exists) and applies then. A hook takes itself off
 ``sys.meta_path`` as soon as it has fired, so later imports run no plugin code.
 """

@@ -1,7 +1,7 @@
 """Capture-order policies: the built-ins, third-party packages, and asking the one that owns a name.
 
 Loaded only under a non-default ``STAGING_PLUGIN_ORDER`` (pluggy is not imported otherwise). One
-:class:`PolicyRegistry` is built per process at ``register()`` and handed to the manager patch.
+:class:`PolicyRegistry` is built per process at ``register()`` and handed to the staging fix.
 """
 
 from __future__ import annotations

@@ -45,7 +45,7 @@ class Settings:
     also lets another order run on stock staging, to reproduce the upstream crash on purpose."""
     kda_fix: str = "on"
     """``on``: vLLM's shared KDA layer keeps a state slot per speculative token under ``--use-replayssm``
-    (:mod:`.kda_slots`); ``off`` leaves it to vLLM (a Kimi-Linear boot with that flag then faults on a
+    (:mod:`.kda_fix`); ``off`` leaves it to vLLM (a Kimi-Linear boot with that flag then faults on a
     mixed step: at boot on vLLM 0.34.0)."""
 
     @property

@@ -12,9 +12,8 @@ class Exit(IntEnum):
     """What each command's exit code means (the ``--help`` epilogs say it per command)."""
 
     OK = 0  # check: the plugin boots it / would patch this vLLM; report and patch: done
-    FAILS = (
-        1  # does not boot even with the plugin; would not patch; the patch does not fit; nothing to report
-    )
+    # does not boot even with the plugin; would not patch; a bundled patch does not fit; no receipt
+    FAILS = 1
     BAD_INPUT = 2  # a bad argument, path, file or STAGING_PLUGIN_* value
     CANNOT_CHECK = 3  # this machine cannot answer: what to install, or where to run the check
     WILL_NOT_SERVE = 4  # it boots with the plugin, but vLLM's shared KDA layer faults while serving
