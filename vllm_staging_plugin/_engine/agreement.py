@@ -35,8 +35,8 @@ logger = logging.getLogger("vllm.staging_plugin")
 
 KEY_PREFIX = "vllm_staging_plugin/plan"
 WAIT_SECONDS = 60.0
-# BatchExecutionDescriptor's fields (vLLM 0.18.0-0.33.0; a contract test checks that every field of the
-# installed release's dataclass is listed): what makes two ranks' captures the same, whatever the repr.
+# BatchExecutionDescriptor's fields (a contract test checks that every field of the installed release's
+# dataclass is listed): what makes two ranks' captures the same, whatever the repr.
 DESCRIPTOR_FIELDS = (
     "cg_mode", "num_tokens", "num_reqs", "uniform_token_count", "max_query_len", "num_active_loras",
     "num_ubatches",

@@ -8,8 +8,8 @@ Registry entry (vllm-ascend's fields):
     (``mamba/abstract.py``, ``num_speculative_blocks = 0``). Kimi-K3's own KDA layer reads the one slot it
     gets, but the shared ``KimiGatedDeltaNetAttention`` (Kimi-Linear) takes its metadata from the generic
     GDN builder, whose speculative kernel reads one slot per query token. A step mixing a speculative
-    decode with a prefill then stores out of bounds: an illegal memory access, at boot on vLLM 0.34.0,
-    whose warm-up runs such a step.
+    decode with a prefill then stores out of bounds: an illegal memory access, at boot where vLLM's
+    warm-up runs such a step.
     How: where the spec vLLM returns gives fewer speculative blocks than speculative tokens under
     ``--use-replayssm``, return it with ``num_speculative_blocks = num_speculative_tokens`` (as without
     the flag) and one INFO line with the KV-cache cost; otherwise vLLM's spec unchanged. A vLLM that keeps

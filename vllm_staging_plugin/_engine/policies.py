@@ -40,7 +40,7 @@ class BuiltinPolicies:
     Within one mode (vLLM captures every PIECEWISE graph, then every FULL one):
     ``descending`` vLLM's own order, untouched: the widest graph of a mode first, so later ones reuse
     its blocks in the graph pool. ``ascending`` the opposite, the worst case for that reuse (and the
-    order that crashes stock staging on 0.18.0-0.33.0). ``max-first`` the largest, then ascending: the
+    order that crashes vLLM's lazy staging). ``max-first`` the largest, then ascending: the
     staging buffers born at full size with every other graph in ascending order. ``shuffle:SEED`` a
     seeded permutation.
     Across the modes (:meth:`staging_capture_sequence`):
@@ -224,9 +224,8 @@ class PolicyRegistry:
         """``capture_descs`` in policy order: each mode's list reordered (modes keep vLLM's order), or,
         for a policy that mixes the modes, one list of every descriptor under the first one's mode.
 
-        vLLM's capture loop takes each descriptor's mode from the descriptor itself (read in 0.18.0, 0.24.0,
-        0.29.0, 0.30.0 and 0.32.0-0.34.0; tests/test_contract_replay_loop.py on every release CI covers), so
-        one list under one key captures every graph in its own mode, in the sequence given.
+        vLLM's capture loop takes each descriptor's mode from the descriptor itself (a contract test pins
+        it), so one list under one key captures every graph in its own mode, in the sequence given.
         """
         sequence = self.sequence(settings, capture_descs)
         if sequence is not None:

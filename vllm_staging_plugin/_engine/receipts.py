@@ -51,7 +51,7 @@ class _Agreement(TypedDict, total=False):
     staging itself, each captured descriptor's mode."""
 
     ranks_agreed: int | None  # ranks whose capture plan matched (None: not checked)
-    vllm_sizes_staging: bool  # vLLM sizes the staging itself (0.34.0, or a patched vLLM seen standing down)
+    vllm_sizes_staging: bool  # vLLM sizes the staging itself (its release shape, or seen doing so)
     captured_modes: list[str]  # each descriptor's mode in capture order (set when the capture ends)
 
 

@@ -46,7 +46,7 @@ class Settings:
     kda_fix: str = "on"
     """``on``: vLLM's shared KDA layer keeps a state slot per speculative token under ``--use-replayssm``
     (:mod:`.kda_fix`); ``off`` leaves it to vLLM (a Kimi-Linear boot with that flag then faults on a
-    mixed step: at boot on vLLM 0.34.0)."""
+    step mixing a speculative decode with a prefill)."""
 
     @property
     def order_name(self) -> str:

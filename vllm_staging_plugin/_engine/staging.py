@@ -200,7 +200,7 @@ def capture_view(cls: type, names: Sequence[str]) -> type:
     """``cls`` plus a slot for each staging attribute in ``names``; same name and module, nothing else.
 
     Only attributes the manager holds get a slot: a set-only descriptor answers a read of a missing
-    attribute with itself (``intermediate_tensors`` does not exist before vLLM 0.19.0).
+    attribute with itself (older releases have no ``intermediate_tensors``).
     """
     slots: dict[str, Any] = {name: _StagingSlot(name) for name in names}
     slots.update(__module__=cls.__module__, __qualname__=cls.__qualname__)

@@ -3,10 +3,10 @@
 Registry entry (vllm-ascend's fields):
 
 ``vllm.v1.worker.gpu.cudagraph_utils.ModelCudaGraphManager.__init__`` and ``.capture`` (wrapped)
-    Why: vLLM 0.18.0-0.33.0 allocate the staging buffers (``hidden_states``, ``aux_hidden_states``,
+    Why: vLLM allocates the staging buffers (``hidden_states``, ``aux_hidden_states``,
     ``intermediate_tensors``) lazily with the rows of the first capture output, so a capture whose first
-    descriptor is not the largest crashes at the staging copy. vLLM's own order reaches that on
-    0.30.0-0.33.0 (recover-SSM with speculative decoding, docs/stock-crashes.md).
+    descriptor is not the largest crashes at the staging copy, in vLLM's own order too under recover-SSM
+    with speculative decoding (docs/stock-crashes.md names the releases).
     How: after ``__init__``, check the structure (:mod:`.compat`) and record the capacity, the largest
     ``num_tokens`` over every descriptor; nothing is allocated, so vLLM's profiling pass measures the
     buffers as stock. In ``capture``: re-read the capacity; under a non-default ``STAGING_PLUGIN_ORDER``
@@ -19,8 +19,8 @@ Registry entry (vllm-ascend's fields):
     first buffer seen at full size although the first descriptor is smaller), one INFO line and vLLM's
     buffers untouched; the order knob and receipts keep working.
     Upstream PR: vllm-project/vllm#47925 (same mechanism, closed unmerged); this project's proposal is
-    ``upstream/presize-staging-buffers.patch`` with its regression test. vLLM 0.34.0 sizes the buffers
-    itself.
+    ``upstream/presize-staging-buffers.patch`` with its regression test. Newer vLLM sizes the buffers
+    itself (:data:`.compat.SHAPES`).
     Removal: once no supported release allocates lazily; the order knob then needs an upstream hook.
 """
 
