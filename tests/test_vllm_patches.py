@@ -137,8 +137,12 @@ def test_presize_on_a_vllm_that_sizes_itself_is_not_needed_by_behaviour(
 def test_presize_on_the_installed_vllm_that_sizes_itself(capsys: pytest.CaptureFixture[str]) -> None:
     """vLLM 0.34.0, for real: the patch does not fit, the replay says why it need not."""
     assert not vllm_patches.plan("presize").fits
-    assert cli.main(["patch", "presize", "--dry-run"]) == 0
-    assert "not needed: this vLLM sizes its staging buffers" in capsys.readouterr().out
+    for action in (["--dry-run"], ["--revert"], ["--revert", "--dry-run"]):  # every action says so, exit 0
+        assert cli.main(["patch", "presize", *action]) == 0
+        assert "not needed: this vLLM sizes its staging buffers" in capsys.readouterr().out
+    assert cli.main(["patch", "presize"]) == 0  # the diff still prints, with the note beside it
+    printed = capsys.readouterr()
+    assert printed.out == vllm_patches.text("presize") and "not needed" in printed.err
 
 
 def test_the_command_without_vllm_says_so(
