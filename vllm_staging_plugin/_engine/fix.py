@@ -27,6 +27,10 @@ MARK = "__vllm_staging_wrapper__"
 INHERITED: Any = object()  # what a class held for a method it inherits: restoring deletes the wrapper
 _F = TypeVar("_F", bound=Callable[..., Any])
 Notify = Callable[[str], None]
+# The events a fix reports (``notify``) and others retire on (``retired_by``): what this worker turned out
+# to be.
+V2_MANAGER_BUILT = "v2-manager-built"  # it runs Model Runner V2: no V1 runner, its KV-cache specs are taken
+V1_RUNNER_BUILT = "v1-runner-built"  # it runs the V1 runner: it builds no graph manager
 
 
 def is_plugin_wrapper(function: Any) -> bool:

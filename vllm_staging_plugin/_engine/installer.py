@@ -79,8 +79,8 @@ class Installer:
                 )
             return
         if not self.fixes:
-            made = (fix(self.settings, self.notify, self.policies) for fix in FIXES)
-            self.fixes = tuple(fix for fix in made if fix.enabled(self.settings))
+            enabled = (fix for fix in FIXES if fix.enabled(self.settings))
+            self.fixes = tuple(fix(self.settings, self.notify, self.policies) for fix in enabled)
         for fix in self.fixes:
             fix.start()
 

@@ -27,7 +27,7 @@ from collections.abc import Callable
 from typing import Any, cast
 
 from . import compat
-from .fix import ClassWrap, RuntimeFix, plugin_wrapper
+from .fix import V2_MANAGER_BUILT, ClassWrap, RuntimeFix, plugin_wrapper
 from .settings import ENV_KDA_FIX, ENV_STRICT, Settings
 
 logger = logging.getLogger("vllm.staging_plugin")
@@ -58,7 +58,7 @@ class KdaFix(RuntimeFix):
     target = KDA_CLASS
     methods = (SPEC_METHOD,)
     error = KdaShapeError
-    retired_by = frozenset({"v2-manager-built"})  # KV-cache specs are taken before any manager exists
+    retired_by = frozenset({V2_MANAGER_BUILT})  # KV-cache specs are taken before any manager exists
 
     @classmethod
     def enabled(cls, settings: Settings) -> bool:

@@ -19,14 +19,13 @@ from collections.abc import Callable
 from types import ModuleType
 from typing import Any
 
-from .fix import ClassWrap, RuntimeFix, plugin_wrapper
+from .fix import V1_RUNNER_BUILT, V2_MANAGER_BUILT, ClassWrap, RuntimeFix, plugin_wrapper
 from .settings import DEFAULT_ORDER, ENV_ORDER, ENV_STRICT
 
 logger = logging.getLogger("vllm.staging_plugin")
 
 V1_RUNNER_MODULE = "vllm.v1.worker.gpu_model_runner"
 V1_RUNNER_CLASS = "GPUModelRunner"
-V1_RUNNER_BUILT = "v1-runner-built"  # the event: this worker builds no manager
 
 
 class V1RunnerError(RuntimeError):
@@ -40,7 +39,7 @@ class V1RunnerGuard(RuntimeFix):
     target = V1_RUNNER_CLASS
     methods = ("__init__",)
     error = V1RunnerError
-    retired_by = frozenset({"v2-manager-built"})
+    retired_by = frozenset({V2_MANAGER_BUILT})
 
     def find(self, module: ModuleType) -> type | None:
         cls = getattr(module, V1_RUNNER_CLASS, None)

@@ -32,7 +32,7 @@ from contextlib import contextmanager, nullcontext
 from typing import TYPE_CHECKING, Any
 
 from . import compat
-from .fix import ClassWrap, Notify, RuntimeFix, plugin_wrapper
+from .fix import V1_RUNNER_BUILT, V2_MANAGER_BUILT, ClassWrap, Notify, RuntimeFix, plugin_wrapper
 from .settings import DEFAULT_ORDER, ENV_ORDER, ENV_STRICT, Settings
 from .sizing import staging_capacity
 
@@ -41,7 +41,6 @@ if TYPE_CHECKING:
     from .policies import PolicyRegistry
 
 logger = logging.getLogger("vllm.staging_plugin")
-V2_MANAGER_BUILT = "v2-manager-built"  # the event: this worker runs Model Runner V2
 
 
 class StagingFix(RuntimeFix):
@@ -51,7 +50,7 @@ class StagingFix(RuntimeFix):
     target = compat.MANAGER_CLASS
     methods = ("__init__", "capture")
     error = compat.IncompatibleVllm
-    retired_by = frozenset({"v1-runner-built"})
+    retired_by = frozenset({V1_RUNNER_BUILT})
 
     def __init__(
         self, settings: Settings, notify: Notify | None = None, policies: PolicyRegistry | None = None

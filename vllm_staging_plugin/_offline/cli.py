@@ -100,7 +100,11 @@ def patch_command(args: argparse.Namespace) -> int:
     from . import vllm_patches
 
     if not (args.apply or args.revert or args.dry_run):
-        if args.name == "presize" and _vllm_sizes_staging():
+        try:
+            fits = vllm_patches.plan(args.name).fits
+        except vllm_patches.PatchError:  # no vLLM here to compare with: nothing to say beside the diff
+            fits = True
+        if _not_needed(args.name, fits):
             print(f"# {NOT_NEEDED}", file=sys.stderr)  # the diff still goes to stdout, for `patch -p1`
         print(vllm_patches.text(args.name), end="")
         return 0
@@ -109,15 +113,15 @@ def patch_command(args: argparse.Namespace) -> int:
     except vllm_patches.PatchError as exc:
         return say_error(PATCH_PROG, Exit.FAILS, "", str(exc), as_json=False, labelled=False)
     words = PATCH_STATES[args.revert]
-    if args.name == "presize" and not result.fits and _vllm_sizes_staging():
+    if _not_needed(args.name, result.fits):
         print(NOT_NEEDED)
         return 0
     if args.dry_run or not result.fits or not result.results:  # a real write says what it did below
         for path, state in result.files.items():
             print(f"{words[state]}: {path}")
     if not result.fits:
-        fits = f"it does not fit this vLLM ({vllm_patches.releases_of(args.name)}); nothing was written"
-        return say_error(PATCH_PROG, Exit.FAILS, "", fits, as_json=False, labelled=False)
+        unfit = f"it does not fit this vLLM ({vllm_patches.releases_of(args.name)}); nothing was written"
+        return say_error(PATCH_PROG, Exit.FAILS, "", unfit, as_json=False, labelled=False)
     if args.dry_run or not result.results:
         return 0
     try:
@@ -132,6 +136,12 @@ def patch_command(args: argparse.Namespace) -> int:
         print(f"applied the {args.name} patch to the installed vLLM ({files}); restart vLLM to use it; "
               f"undo with `vllm-staging-plugin patch {args.name} --revert`")  # fmt: skip
     return 0
+
+
+def _not_needed(name: str, fits: bool) -> bool:
+    """The presize patch does not fit a vLLM that sizes its staging itself. The replay (it imports torch
+    and vLLM) runs only where the patch does not fit."""
+    return name == "presize" and not fits and _vllm_sizes_staging()
 
 
 def _vllm_sizes_staging() -> bool:
@@ -389,8 +399,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return internal.fail(exc, "vllm-staging-plugin", verbose, as_json="--json" in words)
 
 
-def _missing_vllm(release: str) -> str | None:
-    """What to install when torch or vLLM is missing here (the plugin's own install brings neither)."""
+def _missing_vllm(releases: str) -> str | None:
+    """What to install when torch or vLLM is missing here (the plugin's own install brings neither): the
+    newest of ``releases`` (``first-last``)."""
     import importlib.util
 
     absent = [
@@ -401,6 +412,7 @@ def _missing_vllm(release: str) -> str | None:
     if not absent:
         return None
     verb = "are" if len(absent) > 1 else "is"
+    release = releases.rsplit("-", 1)[-1]
     return f"{' and '.join(absent)} {verb} not installed here: pip install vllm=={release} (it brings torch)"
 
 
@@ -420,8 +432,9 @@ def _run(parser: argparse.ArgumentParser, words: list[str], serve_args: list[str
             return report_command(args)
         from .vllm_patches import PATCHES
 
-        release = PATCHES[args.name].releases.rsplit("-", 1)[-1]
-        missing = _missing_vllm(release) if args.apply or args.revert or args.dry_run else None
+        missing = (
+            _missing_vllm(PATCHES[args.name].releases) if args.apply or args.revert or args.dry_run else None
+        )
         if missing is not None:
             return say_error(PATCH_PROG, Exit.CANNOT_CHECK, "", missing, as_json=False, labelled=False)
         return patch_command(args)
@@ -433,7 +446,7 @@ def _run(parser: argparse.ArgumentParser, words: list[str], serve_args: list[str
                 f"after `--`: {PREFLIGHT_FORM}", args.json)  # fmt: skip
     from .._engine.compat import SHAPES
 
-    missing = _missing_vllm(SHAPES[-1].releases.rsplit("-", 1)[-1])  # the newest release the plugin knows
+    missing = _missing_vllm(SHAPES[-1].releases)  # the newest release the plugin knows
     if missing is not None:
         return say_error("vllm-staging-plugin check", Exit.CANNOT_CHECK, "cannot check on this machine",
                          missing, as_json=args.json)  # fmt: skip
