@@ -139,7 +139,12 @@ def installed_fix(name: str) -> Any:
     from vllm_staging_plugin._engine.staging_fix import StagingFix
 
     kind = {"staging": StagingFix, "kda": KdaFix, "guard": V1RunnerGuard}[name]
-    return installed().fix(kind)
+    return fix_of(installed(), kind)
+
+
+def fix_of(installer: Any, kind: type) -> Any:
+    """``installer``'s fix of class ``kind`` (None when the settings leave it out)."""
+    return next((f for f in installer.fixes if isinstance(f, kind)), None)
 
 
 def policy_order(order: str, mode: str, descriptors: Any) -> list[Any]:

@@ -57,7 +57,7 @@ def test_trailing_init_parameters_are_accepted() -> None:
 
 
 def _manager(**state: Any) -> Any:
-    initial = {"_capture_descs": {}, "graphs": {}, "hidden_states": None, "aux_hidden_states": [],
+    initial = {"_capture_descs": {}, "hidden_states": None, "aux_hidden_states": [],
                "vllm_config": SimpleNamespace()}  # fmt: skip
     return SimpleNamespace(**(initial | state))
 
@@ -81,22 +81,21 @@ def test_check_manager_accepts_vllms_initial_state_with_or_without_intermediate_
             "capture descriptors for FULL have no integer num_tokens",
         ),
         (
-            SimpleNamespace(_capture_descs={}, graphs={}, aux_hidden_states=[]),
+            SimpleNamespace(_capture_descs={}, aux_hidden_states=[]),
             "ModelCudaGraphManager.hidden_states is not set by __init__",
         ),
         (
-            SimpleNamespace(_capture_descs={}, graphs={}, hidden_states=None),
+            SimpleNamespace(_capture_descs={}, hidden_states=None),
             "ModelCudaGraphManager.aux_hidden_states is not set by __init__",
         ),
         (_manager(aux_hidden_states=()), "ModelCudaGraphManager.aux_hidden_states starts as (), expected []"),
-        (_manager(graphs=None), "ModelCudaGraphManager.graphs is missing or not a dict"),
         (
             _manager(intermediate_tensors=0),
             "ModelCudaGraphManager.intermediate_tensors starts as 0, expected None",
         ),
         (_manager(vllm_config=None), "ModelCudaGraphManager.vllm_config is not set by __init__"),
         (
-            SimpleNamespace(_capture_descs={}, graphs={}, hidden_states=None, aux_hidden_states=[]),
+            SimpleNamespace(_capture_descs={}, hidden_states=None, aux_hidden_states=[]),
             "ModelCudaGraphManager.vllm_config is not set by __init__",
         ),
     ],
@@ -108,7 +107,6 @@ def test_check_manager_accepts_vllms_initial_state_with_or_without_intermediate_
         "no hidden_states",
         "no aux_hidden_states",
         "aux a tuple",
-        "no graphs dict",
         "intermediate_tensors set",
         "vllm_config None",
         "no vllm_config",

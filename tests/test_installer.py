@@ -14,6 +14,7 @@ from fakes import (
     PIECEWISE,
     FakeManager,
     build,
+    fix_of,
     fresh_class,
     install_fake_module,
     installed,
@@ -176,7 +177,7 @@ def test_disabled_registers_nothing_but_the_ray_prefix(
 
 def test_a_fresh_installer_has_changed_nothing() -> None:
     fresh = Installer(Settings())
-    assert fresh.fixes == () and not fresh.installed and fresh.fix(StagingFix) is None
+    assert fresh.fixes == () and not fresh.installed and fix_of(fresh, StagingFix) is None
     environ = dict(os.environ)
     fresh.uninstall()  # nothing was changed: nothing to restore
     assert dict(os.environ) == environ
@@ -314,7 +315,7 @@ def test_the_patch_orders_with_the_registry_register_validated_with(monkeypatch:
     monkeypatch.setenv("STAGING_PLUGIN_ORDER", "ascending")
     vllm_staging_plugin.register()
     installer = installed()
-    fix = installer.fix(StagingFix)
+    fix = fix_of(installer, StagingFix)
     assert installer.policies is not None and fix.policies is installer.policies
     build(cls).capture()
     assert fix.policies is installer.policies  # the fix did not load a registry of its own

@@ -1,5 +1,5 @@
 """Per-manager staging: the values vLLM stages, the set-only slot that grows vLLM's first short output, the
-capture-time view, growth when descriptors are added, and the allocation failure."""
+capture-time view and the allocation failure."""
 
 from __future__ import annotations
 
@@ -137,54 +137,6 @@ def test_a_view_has_no_slot_for_an_attribute_the_manager_lacks() -> None:
     cls = type("ModelCudaGraphManager", (), {})
     view = staging.capture_view(cls, ("hidden_states", "aux_hidden_states"))
     assert "intermediate_tensors" not in vars(view) and not hasattr(view(), "intermediate_tensors")
-
-
-# ---- growth: descriptors added after the manager was built ---------------------------------------
-
-
-def test_descriptor_added_after_init_still_fits(fake_module: Any) -> None:
-    vllm_staging_plugin.register()
-    manager = build(fake_module.ModelCudaGraphManager)
-    manager._capture_descs[PIECEWISE].append(descs(PIECEWISE, [16])[0])  # larger than all, last
-    manager.capture()
-    assert manager.hidden_states.shape[0] == 16
-
-
-def test_growth_after_capture_regrows_until_graphs_exist(fake_module: Any) -> None:
-    vllm_staging_plugin.register()
-    manager = build(fake_module.ModelCudaGraphManager)
-    manager.capture()
-    manager._capture_descs[FULL].insert(0, descs(FULL, [32])[0])
-    manager.capture()  # no graph recorded the old buffer: it is replaced at 32 rows
-    assert manager.hidden_states.shape[0] == 32
-    manager.graphs["captured"] = object()
-    manager._capture_descs[FULL].insert(0, descs(FULL, [64])[0])
-    with pytest.raises(StagingError) as caught:
-        manager.capture()
-    assert_says(
-        str(caught.value),
-        "a capture descriptor of 64 tokens was added after CUDA graphs recorded the address of the 32-row",
-        "would corrupt those graphs. Register all descriptors before the first capture",
-        end="(vLLM rebuilds the manager when it re-initialises the KV cache).",
-    )
-    assert manager.hidden_states.shape[0] == 32  # untouched
-
-
-def test_growth_keeps_buffers_that_already_fit(fake_module: Any) -> None:
-    vllm_staging_plugin.register()
-    manager = build(fake_module.ModelCudaGraphManager)
-    manager.capture(hidden=16, aux=1)
-    hidden, aux = manager.hidden_states, manager.aux_hidden_states
-    assert staging.held_rows(manager) == 8 and hidden.shape == (8, 16)
-    manager.graphs["recorded"] = object()
-    manager.capture(hidden=16, aux=1)  # same descriptors after graphs exist: no error, same buffers
-    assert manager.hidden_states is hidden and manager.aux_hidden_states[0] is aux[0]
-    del manager.graphs  # a release without the attribute: growth still works
-    manager._capture_descs[FULL].insert(0, descs(FULL, [16])[0])
-    staging.ensure_capacity(manager, staging.state_of(manager))
-    assert staging.state_of(manager).capacity == 16
-    assert manager.hidden_states is None and manager.aux_hidden_states == []  # vLLM's initial values
-    assert type(manager.aux_hidden_states) is list
 
 
 # ---- the allocation of the capacity-row buffer fails -------------------------------------------

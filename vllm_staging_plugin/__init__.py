@@ -1,12 +1,7 @@
 """vllm-staging-plugin: pre-size vLLM Model Runner V2 CUDA-graph staging buffers.
 
-``register`` is the ``vllm.general_plugins`` entry point. It is import-light (no torch, no vLLM import)
-and idempotent; it raises only for a bad ``STAGING_PLUGIN_*`` value (or in strict mode). The patch
-applies when vLLM imports ``vllm.v1.worker.gpu.cudagraph_utils``.
-
-Layout: :mod:`._engine` is what runs inside vLLM's processes, :mod:`._offline` the operator's tools (CLI,
-pre-flight, CPU replay, report), :mod:`.hookspecs` the public hooks for order-policy authors. The engine
-part never imports the offline part.
+``register`` is the ``vllm.general_plugins`` entry point. :mod:`._engine` runs inside vLLM's processes,
+:mod:`._offline` holds the operator's tools, :mod:`.hookspecs` the hooks for order-policy authors.
 """
 
 from __future__ import annotations
@@ -23,17 +18,14 @@ __all__ = ["__version__", "register", "unregister"]
 
 logger = logging.getLogger("vllm.staging_plugin")
 
-_installed: Installer | None = None
-"""This process's installer, set by :func:`register` (vLLM calls it once per process; later calls
-find it here and do nothing) and cleared by :func:`unregister`."""
+_installed: Installer | None = None  # this process's installer: register() runs once per process
 
 
 def register() -> None:
     """Entry point: read the plugin's variables once and install the fixes for this process.
 
-    A bad ``STAGING_PLUGIN_*`` value raises :class:`~vllm_staging_plugin._engine.settings.ConfigError`
-    here, the earliest point of start-up (vLLM calls ``register()`` in the front end before any model
-    loads, and does not swallow its exceptions). Nothing else raises unless strict mode is on.
+    Imports neither torch nor vLLM. A bad ``STAGING_PLUGIN_*`` value raises ``ConfigError`` here, before
+    any model loads (vLLM does not swallow it); nothing else raises unless strict mode is on.
     """
     global _installed
     if _installed is not None:
@@ -62,8 +54,7 @@ def register() -> None:
 
 @contextmanager
 def suspended() -> Iterator[None]:
-    """For the offline tools: the registered fixes off vLLM's classes for the block, then back (a tool
-    applies its own fix there: one plugin layer per class). Nothing to do when nothing is registered."""
+    """For the offline tools: the registered fixes off vLLM's classes for the block, then back."""
     if _installed is None:
         yield
         return

@@ -1,26 +1,10 @@
 """pluggy hook specifications for capture-order policies.
 
 A policy package registers an object or module with ``@hookimpl`` functions under the entry-point group
-``vllm_staging_plugin.order_policies``. The contract:
-
-* ``staging_order_policies`` declares the names the package implements. The plugin asks a package
-  only about the names it declared: a hook that answers every name cannot take over another
-  package's policy or a built-in. The built-in names (``descending``, ``ascending``, ``max-first``,
-  ``shuffle``, ``full-first``, ``size-descending``, ``interleaved``) are reserved; a name two packages
-  declare belongs to the one loaded first.
-* ``staging_validate_order`` (optional) checks a policy's argument at start-up, before the model loads.
-  Any exception it raises stops start-up as a ``ConfigError`` naming ``STAGING_PLUGIN_ORDER``, the
-  policy, its package and the exception. Without it, ``staging_capture_sequence`` (where the package
-  has it) is called once with no descriptors, else ``staging_capture_order`` with none and
-  ``mode="validation"``.
-* ``staging_capture_order`` returns one mode's descriptors in capture order: a permutation of its input.
-* ``staging_capture_sequence`` (optional) returns the whole capture, every mode's descriptors in one
-  sequence, for a policy that mixes the modes (vLLM captures every PIECEWISE graph, then every FULL
-  one); returning None leaves the policy to ``staging_capture_order``, one mode at a time.
-
-A policy is a pure function of (policy name, argument, mode or modes, descriptors): every tensor-,
-pipeline- and data-parallel rank calls it with the same inputs and so captures in the same order. No
-RNG without a seed, no clock, no per-rank memory readings.
+``vllm_staging_plugin.order_policies`` (docs/configuration.md, "Writing an order policy"). The plugin asks a
+package only about the names it declared; built-in names are reserved, and a name two packages declare
+belongs to the one loaded first. A policy is a pure function of its inputs (no unseeded RNG, no clock, no
+per-rank reading): coupled ranks must capture in the same order.
 """
 
 from __future__ import annotations
@@ -42,31 +26,22 @@ def staging_order_policies() -> list[str]:  # type: ignore[empty-body]
 
 @hookspec
 def staging_validate_order(policy: str, argument: str | None) -> None:
-    """Raise (``ValueError`` is customary) when ``argument`` is not valid for ``policy``."""
+    """Raise when ``argument`` is not valid for ``policy`` (optional; otherwise the start-up check calls
+    ``staging_capture_sequence``, else ``staging_capture_order``, with no descriptors)."""
 
 
 @hookspec
 def staging_capture_order(  # type: ignore[empty-body]
     policy: str, argument: str | None, mode: str, descriptors: tuple[Any, ...]
 ) -> Sequence[Any]:
-    """Return ``descriptors`` (one mode's list, in vLLM's descending order) in capture order.
-
-    Called only for a ``policy`` this package declared; ``mode`` is the mode's name (``PIECEWISE``,
-    ``FULL``), or ``validation`` for the start-up call with no descriptors. The result must be a
-    permutation of ``descriptors``.
-    """
+    """Return ``descriptors`` (one mode's list, in vLLM's descending order) in capture order: a permutation.
+    ``mode`` is ``PIECEWISE``, ``FULL``, or ``validation`` for the start-up call with no descriptors."""
 
 
 @hookspec
 def staging_capture_sequence(
     policy: str, argument: str | None, descriptors: Mapping[str, tuple[Any, ...]]
 ) -> Sequence[Any] | None:
-    """Return every descriptor of ``descriptors`` (mode name -> that mode's list, in vLLM's order:
-    ``PIECEWISE`` then ``FULL``, each descending) in one capture sequence, or None to order each mode
-    alone through ``staging_capture_order``.
-
-    Called only for a ``policy`` this package declared: for the real capture (never vLLM's memory-
-    profiling pass, which keeps vLLM's order), and once at start-up with no descriptors when the package
-    has no ``staging_validate_order``. The result must be a permutation of all the descriptors; vLLM
-    captures each one in its own mode whatever its place.
-    """
+    """Return every descriptor (mode name -> that mode's list, PIECEWISE then FULL) in one capture
+    sequence, a permutation of them all, or None to order each mode through ``staging_capture_order``
+    (optional; never called for vLLM's profiling pass)."""

@@ -1,27 +1,17 @@
-"""The engine room: everything ``register()`` brings into a vLLM process (front end, engine core, workers).
+"""The engine room: everything ``register()`` brings into a vLLM process.
 
-Rules for this subpackage (tested in ``tests/test_engine_footprint.py``):
-
-* it never imports :mod:`vllm_staging_plugin._offline` (the operator's tools) nor the package root;
-* with no ``STAGING_PLUGIN_*`` variable set it pre-sizes and does nothing else: no store round-trip, no
-  collective, no pluggy, no receipt, no NVML, nothing written, no hook left once it has fired;
-* :mod:`.policies` (pluggy), :mod:`.agreement` and the receipt modules are imported only when the variable
-  that asks for them is set; :mod:`.staging` (torch) only once vLLM imported its graph module.
-
-The fixes (:mod:`.staging_fix`, :mod:`.kda_fix`, :mod:`.runner_guard`) share one base (:mod:`.fix`);
-:mod:`.installer` starts them; :mod:`.compat` is the one door to vLLM's privates.
+It never imports the offline tools nor the package root. With no ``STAGING_PLUGIN_*`` variable set it
+pre-sizes and does nothing else (docs/design.md, "What runs in a worker under each setting"). The fixes
+share one base (:mod:`.fix`), :mod:`.installer` starts them, :mod:`.compat` is the one door to vLLM.
 """
 
 from __future__ import annotations
 
-UNKNOWN_VERSION = "0+unknown"
-"""The version of a copy with neither install metadata nor a ``pyproject.toml`` beside it (a vendored
-copy): a valid version that says it is not known, so receipts and ``--version`` never fail for it."""
+UNKNOWN_VERSION = "0+unknown"  # a vendored copy: a valid version that says it is not known
 
 
 def plugin_version() -> str:
-    """The installed package's version, else the ``pyproject.toml`` of the source tree this package sits in
-    (the source on ``PYTHONPATH``), else :data:`UNKNOWN_VERSION`. pyproject.toml is where it is written."""
+    """The installed package's version, else the source tree's ``pyproject.toml``, else unknown."""
     from importlib.metadata import PackageNotFoundError, version
 
     try:
@@ -31,8 +21,7 @@ def plugin_version() -> str:
 
 
 def _source_tree_version() -> str:
-    """The version in ``../../pyproject.toml`` when it is this project's (read by pattern: ``tomllib`` is
-    not in Python 3.10)."""
+    """By pattern: ``tomllib`` is not in Python 3.10."""
     import re
     from pathlib import Path
 

@@ -1,19 +1,10 @@
 """Ranks whose captures are coupled by collectives must capture in the same order: check it first.
 
-Captured forwards contain collectives, so coupled ranks that walk the descriptors in different orders wait
-on each other inside capture: a hang, not an error. Only a non-default ``STAGING_PLUGIN_ORDER`` can make a
-plan differ from vLLM's own, so only then (see :func:`check_coupled_ranks`) does every coupled rank
-publish its plan (order, pre-sizing arm, capacity, a digest of the ordered descriptors' fields) to the
-key-value store vLLM's default process group already has, and read its peers'. Any difference fails
-start-up on each of them with one message naming the ranks and their plans.
-
-Which ranks are coupled (docs/design.md, "Which ranks agree"): one engine's tensor x pipeline (x prefill
-context) parallel ranks always; the ranks of every data-parallel engine too when the model is MoE and
-``data_parallel_size > 1`` in the worker's config (vLLM's own test for ``DPEngineCoreProc``, whose engines
-step, and capture, in lockstep through the MoE layers' collectives). vLLM gives independent dense engines
-``data_parallel_size = 1``, and under ``external_launcher`` one default group can still span them: their
-ranks are never waited on. The store, not a collective: a peer that never publishes costs a bounded wait
-and a clear error instead of a deadlock.
+Coupled ranks that capture in different orders hang inside capture. Under a non-default
+``STAGING_PLUGIN_ORDER`` only, each coupled rank publishes its plan to the key-value store of vLLM's default
+group and reads its peers'; any difference fails start-up naming the ranks. A store, not a collective: a
+peer that never publishes costs a bounded wait and a clear error. Which ranks are coupled: docs/design.md,
+"Which ranks agree"; independent dense data-parallel engines are never waited on.
 """
 
 from __future__ import annotations
@@ -73,13 +64,8 @@ def plan(settings: Settings, ordered: Mapping[Any, Sequence[Any]]) -> dict[str, 
 
 
 def coupled_ranks(rank: int, world_size: int, engine_size: int, data_parallel_size: int, moe: bool) -> range:
-    """The default-group ranks whose captures share collectives with ``rank``'s.
-
-    vLLM lays ranks out as ``arange(world).reshape(-1, dp, pp, pcp, tp)`` (``initialize_model_parallel``),
-    so one engine's ``engine_size`` (tp x pp x pcp) ranks are contiguous, and coupled DP engines form a
-    contiguous block of ``dp x engine_size``. A block larger than the default group (elastic EP keeps
-    the engines out of it) is cut to the group.
-    """
+    """The default-group ranks whose captures share collectives with ``rank``'s: vLLM lays ranks out as
+    ``arange(world).reshape(-1, dp, pp, pcp, tp)``, so one engine, and coupled DP engines, are contiguous."""
     coupled_dp = moe and data_parallel_size > 1
     block = max(engine_size, 1) * (data_parallel_size if coupled_dp else 1)
     start = rank // block * block
@@ -101,11 +87,7 @@ def _model_is_moe(vllm_config: Any) -> bool:
 
 def check(mine: dict[str, Any], store: Any, rank: int, ranks: Sequence[int], wait_seconds: float) -> int:
     """Publish ``mine`` as ``rank``, compare with each of ``ranks``; :class:`AgreementError` on a split.
-
-    Each check is one round of the coupled set; the store counts the rank's rounds (``store.add``), so
-    coupled ranks, which build and capture the same managers together, meet in the same round, also
-    after the plugin was registered again in a live process group.
-    """
+    The store counts each rank's rounds, so coupled ranks meet in the same round."""
     namespace = f"{KEY_PREFIX}/{ranks[0]}-{ranks[-1]}"
     round_ = int(store.add(f"{namespace}/rounds/{rank}", 1)) - 1
     prefix = f"{namespace}/{round_}"

@@ -1,8 +1,5 @@
 """Around one ``ModelCudaGraphManager.capture`` call, only when ``STAGING_PLUGIN_RECEIPTS_DIR`` is set:
-measure the capture and write its receipt.
-
-Nothing here is imported, and no CUDA synchronize, NVML call or file write happens, unless the operator
-asked for receipts. A receipt never takes the capture down: every step is guarded.
+measure the capture and write its receipt. A receipt never takes the capture down: every step is guarded.
 """
 
 from __future__ import annotations

@@ -1,15 +1,7 @@
-"""The engine's one door to vLLM's internals: what the fixes rely on, detected from structure, not versions.
+"""The engine's one door to vLLM's privates: what the fixes rely on, detected from structure, not versions.
 
-One place for the supported set and the reason for each boundary (see docs/compatibility.md):
-
-* 0.14.0-0.17.x: no ``ModelCudaGraphManager`` (MRv2 used ``CudaGraphManager`` with other arguments
-  and allocated inside ``capture_graph``): refused, the class is missing.
-* 0.18.0-0.33.0: ``ModelCudaGraphManager(vllm_config, device, cudagraph_mode, decode_query_len, ...)``
-  with ``_capture_descs`` and lazily allocated ``hidden_states`` / ``aux_hidden_states``
-  (``intermediate_tensors`` from 0.19.0), sized by the first capture output: supported, pre-sized.
-* 0.34.0: ``decode_query_lens`` (a mapping) in fourth place, and ``capture()`` sizes every staging buffer
-  by the largest descriptor itself: supported, the plugin leaves the buffers to vLLM (order knob, receipts).
-* Later releases are accepted while one of :data:`SHAPES` holds; a rename leaves vLLM untouched.
+A release is accepted while one of :data:`SHAPES` holds (docs/compatibility.md gives each boundary); any
+other structure leaves vLLM untouched.
 """
 
 from __future__ import annotations
@@ -28,9 +20,8 @@ MANAGER_CLASS = "ModelCudaGraphManager"
 
 @dataclass(frozen=True)
 class ReleaseShape:
-    """One layout of ``ModelCudaGraphManager`` the plugin knows, told apart by the constructor's leading
-    parameters (trailing ones, such as lora_capture_cases, varlen_decode, ubatch_runner, are passed
-    straight through, so releases that append parameters keep their shape)."""
+    """One layout of ``ModelCudaGraphManager``, told apart by the constructor's leading parameters
+    (releases that append parameters keep their shape)."""
 
     releases: str  # where it was read, for messages and docs
     init_prefix: tuple[str, ...]
@@ -56,18 +47,13 @@ OPTIONAL_STAGING = frozenset({"intermediate_tensors"})
 SUPPORTED_PLATFORMS = ("cuda", "rocm", "cpu", "unspecified")
 
 
-# What the engine reads on a manager beside what it wraps (staging_fix.py's registry entry): the
-# profiling pass's mark. 0.29.0-0.33.0: ``_max_full_descs_to_capture``, an int during vLLM's
-# memory-profiling capture and None otherwise. Upstream main after vllm-project/vllm#51700 (read in
-# vllm/v1/worker/gpu/cudagraph_utils.py, a public code index's newest copy; docs/compatibility.md):
-# ``_sample_full_descs``, a bool, True during that capture. A release whose module has no
-# ``profile_cudagraph_memory`` (0.18.0-0.28.x measure no graph memory) has no profiling capture.
+# The profiling pass's mark: 0.29.0-0.34.0 set ``_max_full_descs_to_capture`` (an int) during vLLM's
+# memory-profiling capture; upstream main after vllm-project/vllm#51700 sets ``_sample_full_descs`` (True).
+# A module without ``profile_cudagraph_memory`` (0.18.0-0.28.x) has no profiling capture.
 PROFILING_LIMIT = "_max_full_descs_to_capture"
 PROFILING_SAMPLE = "_sample_full_descs"
 PROFILING_ENTRY = "profile_cudagraph_memory"
-# What a profiling receipt reads to recompute vLLM's graph-memory estimate (0.29.0-0.34.0): the memory
-# deltas ``profile_cudagraph_memory`` has the manager collect per sampled FULL graph, and the module's
-# extrapolation of them to every FULL graph.
+# What a profiling receipt reads to recompute vLLM's graph-memory estimate (0.29.0-0.34.0).
 PROFILING_DELTAS = "_capture_mem_samples"
 PROFILING_EXTRAPOLATION = "_extrapolate_full_graph_memory"
 
@@ -108,8 +94,6 @@ def check_manager(manager: Any) -> None:
     for mode, items in descs.items():
         if not all(isinstance(getattr(d, "num_tokens", None), int) for d in items):
             raise IncompatibleVllm(f"capture descriptors for {mode} have no integer num_tokens")
-    if not isinstance(getattr(manager, "graphs", None), Mapping):  # staging.py reads it before growing
-        raise IncompatibleVllm(f"{MANAGER_CLASS}.graphs is missing or not a dict")
     state = vars(manager)
     for name, initial in STAGING_INITIAL.items():
         if name not in state:

@@ -1,10 +1,8 @@
 """The one base of every runtime fix: wrap methods of one vLLM class when vLLM imports its module.
 
-In the spirit of OpenTelemetry's ``BaseInstrumentor``: a subclass names its module, class and methods and
-builds its wrappers; the base owns the rest. It waits for vLLM's import instead of importing (``register()``
-must not pull torch or vLLM into a process), never breaks that import, puts back exactly what the class held
-(a wrapper another tool put on top stays, and the plugin's inside it passes every call through), and is
-strict or warns once. Each subclass's docstring is its registry entry: why, how, upstream, removal.
+As OpenTelemetry's ``BaseInstrumentor``: a subclass names its module, class and methods and builds its
+wrappers; the base waits for vLLM's import, never breaks it, restores only its own wrappers, and is strict
+or warns once. Each subclass's module docstring is its registry entry: why, how, upstream, removal.
 """
 
 from __future__ import annotations
@@ -27,8 +25,7 @@ MARK = "__vllm_staging_wrapper__"
 INHERITED: Any = object()  # what a class held for a method it inherits: restoring deletes the wrapper
 _F = TypeVar("_F", bound=Callable[..., Any])
 Notify = Callable[[str], None]
-# The events a fix reports (``notify``) and others retire on (``retired_by``): what this worker turned out
-# to be.
+# Events a fix reports (``notify``) and others retire on (``retired_by``): what this worker turned out to be.
 V2_MANAGER_BUILT = "v2-manager-built"  # it runs Model Runner V2: no V1 runner, its KV-cache specs are taken
 V1_RUNNER_BUILT = "v1-runner-built"  # it runs the V1 runner: it builds no graph manager
 
@@ -50,8 +47,7 @@ def plugin_wrapper(original: Callable[..., Any]) -> Callable[[_F], _F]:
 
 
 class ClassWrap:
-    """One class's replaced methods: what its ``__dict__`` held (``saved``), the functions underneath
-    (``original``: what a call reaches), and what replaced them while ``live``."""
+    """One class's replaced methods: what its ``__dict__`` held, what a call reaches, and the wrappers."""
 
     def __init__(self, cls: type, names: tuple[str, ...]) -> None:
         self.cls = cls
@@ -62,7 +58,7 @@ class ClassWrap:
 
     @property
     def live(self) -> bool:
-        """Applied and not restored: the wrappers act; otherwise they pass every call through."""
+        """Applied and not restored: otherwise the wrappers pass every call through."""
         return self.replacements is not None
 
     def apply(self, replacements: Mapping[str, Any]) -> None:
@@ -72,7 +68,7 @@ class ClassWrap:
 
     def suspend(self) -> None:
         """Put back what the class held, keeping the replacements for :meth:`resume` (unless another tool
-        wrapped on top since: the wrap is then over, as after :meth:`restore`)."""
+        wrapped on top since: then the wrap is over)."""
         replacements = self.replacements
         if not self.restore():
             self._parked = replacements
@@ -84,8 +80,7 @@ class ClassWrap:
             self.apply(parked)
 
     def restore(self) -> list[str]:
-        """Put back what the class held; returns ``Class.name`` of each method another tool wrapped since
-        (left in place). Nothing to do when not applied."""
+        """Put back what the class held; returns ``Class.name`` of each method another tool wrapped since."""
         replacements, self.replacements = self.replacements, None
         if replacements is None:
             return []
@@ -103,10 +98,8 @@ class ClassWrap:
 class RuntimeFix:
     """A change to one vLLM class, installed when vLLM imports its module.
 
-    Subclasses set ``module``, ``target``, ``methods`` and ``error`` (what strict mode raises), and write
-    :meth:`wrappers`; :meth:`check` and :meth:`refusal` say when and how the fix stays out. ``retired_by``
-    names the events (:attr:`notify`, sent by any fix of the process) after which the fix's import hook
-    goes: the process showed the module will never matter.
+    Subclasses set ``module``, ``target``, ``methods`` and ``error`` (what strict mode raises) and write
+    :meth:`wrappers`. ``retired_by`` names the events after which the module will never matter here.
     """
 
     module: ClassVar[str]
@@ -118,8 +111,6 @@ class RuntimeFix:
     def __init__(
         self, settings: Settings, notify: Notify | None = None, policies: PolicyRegistry | None = None
     ) -> None:
-        """``notify``: where the fix reports events; ``policies``: the order registry ``register()``
-        validated the settings with (non-default orders only)."""
         self.settings = settings
         self.notify: Notify = notify or (lambda event: None)
         self.policies = policies
@@ -134,28 +125,24 @@ class RuntimeFix:
         """Whether the settings ask for this fix at all."""
         return True
 
-    # -- what a subclass writes ---------------------------------------------------------------------
-
     def find(self, module: ModuleType) -> type | None:
-        """The class to wrap (None: nothing to do here, silently); raise to refuse with the reason."""
+        """The class to wrap (None: nothing to do); raise to refuse with the reason."""
         cls = getattr(module, self.target, None)
         if not isinstance(cls, type):
             raise self.error(f"{module.__name__}.{self.target} is missing")
         return cls
 
     def check(self) -> None:
-        """Raise when this process (its platform) is not one the fix was written for."""
+        """Raise when this process's platform is not one the fix was written for."""
 
     def wrappers(self, wrap: ClassWrap) -> dict[str, Callable[..., Any]]:
-        """The replacement of each method; each passes through to ``wrap.original`` unless ``wrap.live``."""
+        """The replacement of each method; each passes through unless ``wrap.live``."""
         raise NotImplementedError
 
     def refusal(self, reason: str) -> str:
         """The one warning when the fix stays out of this process."""
         name = type(self).__name__
         return f"vllm-staging-plugin: {name} is inactive: {reason}. Set {ENV_STRICT}=1 to fail instead."
-
-    # -- what the base does -------------------------------------------------------------------------
 
     def start(self) -> None:
         """Install now if vLLM imported the module, else right after it does."""
@@ -192,7 +179,7 @@ class RuntimeFix:
             self.wrap.suspend()
 
     def resume(self) -> None:
-        """Undo :meth:`suspend`: the same wrappers back, or the fix installed if vLLM imported its module."""
+        """The same wrappers back, or the fix installed if vLLM imported its module meanwhile."""
         self.suspended = False
         if self.wrap is not None:
             self.wrap.resume()
@@ -216,15 +203,14 @@ class RuntimeFix:
             hook.remove()
 
     def refuse(self, reason: str, what: str = "refused", warning: str | None = None) -> None:
-        """Leave vLLM as it is with one warning per process and ``what`` (default: :meth:`refusal`), or
-        raise in strict mode."""
+        """Leave vLLM as it is with one warning per ``what``, or raise in strict mode."""
         if self.settings.strict:
             raise self.error(f"vllm-staging-plugin (strict mode): {reason}")
         if self.first(what):
             logger.warning(warning or self.refusal(reason))
 
     def first(self, what: str) -> bool:
-        """True the first time ``what`` happens in this fix (one log line per process, not one per call)."""
+        """True the first time ``what`` happens in this fix: one log line per process."""
         if what in self.said:
             return False
         self.said.add(what)

@@ -1,10 +1,7 @@
 """Run a callback right after a module is first imported, without importing it ourselves.
 
-``register()`` runs in every vLLM process (front end, engine core, workers) at plugin-loading time.
-Importing ``cudagraph_utils`` there would pull torch and much of vLLM into processes that never build a
-graph manager, and could resolve the platform re-entrantly. Instead each fix waits for vLLM to import
-the module (``model_runner`` does, before any manager exists) and applies then. A hook takes itself off
-``sys.meta_path`` as soon as it has fired, so later imports run no plugin code.
+Importing vLLM's modules in ``register()`` would pull torch into processes that never build a graph manager
+and could resolve the platform re-entrantly. A hook leaves ``sys.meta_path`` as soon as it fires.
 """
 
 from __future__ import annotations
@@ -69,12 +66,8 @@ class PostImportHook(importlib.abc.MetaPathFinder):
 
 
 def when_imported(fullname: str, callback: Callback) -> PostImportHook | None:
-    """Call ``callback(module)`` now if ``fullname`` is imported, else right after its import.
-
-    Returns the hook left waiting (None when the callback already ran). It belongs to the caller, who
-    removes it (``remove()``) if it should not fire; hooks of several callers for one module all fire,
-    each wrapping the loader the next one found.
-    """
+    """Call ``callback(module)`` now if ``fullname`` is imported, else right after its import; returns the
+    hook left waiting (None when the callback already ran), which the caller removes if it should not fire."""
     module = sys.modules.get(fullname)
     if module is not None:
         callback(module)

@@ -1,20 +1,17 @@
 """One object owns every change the plugin makes to a process; :meth:`Installer.uninstall` is its inverse.
 
-``register()`` builds it from the process's :class:`~.settings.Settings`. It starts each fix of
-:data:`FIXES` the settings enable, passes the fixes' events to one another (a worker that built a V2 manager
-needs no V1 guard, and one that built a V1 runner no staging hook), and lists ``STAGING_PLUGIN_`` for
-vLLM's Ray actors. The offline tools suspend it for a block (:meth:`suspended`) instead of stacking a
-second layer of wrappers on vLLM's classes.
+It starts each fix of :data:`FIXES` the settings enable and passes their events to one another. The
+offline tools suspend it for a block (:meth:`suspended`) instead of stacking a second layer of wrappers.
 
 Registry entries of its own two changes:
 
-``sys.meta_path`` (one post-import hook per fix, :meth:`.fix.RuntimeFix.start`)
+``sys.meta_path`` (one post-import hook per fix)
     Why: ``register()`` must not import torch or vLLM. How: each hook waits for its fix's module and
     leaves when it fires or its fix retires. Upstream PR: none. Removal: with the fixes.
 ``VLLM_RAY_EXTRA_ENV_VAR_PREFIXES_TO_COPY`` (only when a ``STAGING_PLUGIN_*`` variable is set)
-    Why: vLLM's Ray executor and data-parallel Ray backend copy only listed prefixes to Ray actors. How:
-    ``STAGING_PLUGIN_`` appended, the operator's list put back exactly on uninstall. Upstream PR: none
-    (vLLM's documented extension point). Removal: when every supported Ray path copies the environment.
+    Why: vLLM's Ray paths copy only listed prefixes to Ray actors. How: ``STAGING_PLUGIN_`` appended, the
+    operator's list put back exactly on uninstall. Upstream PR: none (vLLM's extension point).
+    Removal: when every supported Ray path copies the environment.
 """
 
 from __future__ import annotations
@@ -23,7 +20,7 @@ import logging
 import os
 from collections.abc import Iterator, MutableMapping
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING
 
 from .fix import RuntimeFix
 from .kda_fix import KdaFix
@@ -38,7 +35,6 @@ logger = logging.getLogger("vllm.staging_plugin")
 
 RAY_PREFIXES_VARIABLE = "VLLM_RAY_EXTRA_ENV_VAR_PREFIXES_TO_COPY"
 PLUGIN_PREFIX = "STAGING_PLUGIN_"
-_Fix = TypeVar("_Fix", bound=RuntimeFix)
 
 
 class Installer:
@@ -50,18 +46,12 @@ class Installer:
         policies: PolicyRegistry | None = None,
         environ: MutableMapping[str, str] | None = None,
     ) -> None:
-        """``policies``: the registry ``register()`` validated the order with (non-default orders only);
-        ``environ``: where the Ray variable is changed (the process environment by default)."""
         self.settings = settings
         self.policies = policies
         self.environ: MutableMapping[str, str] = os.environ if environ is None else environ
         self.fixes: tuple[RuntimeFix, ...] = ()
         self.installed = False
         self._ray_before: tuple[str | None] | None = None  # the Ray variable before this installer listed it
-
-    def fix(self, kind: type[_Fix]) -> _Fix | None:
-        """This installer's fix of class ``kind`` (None when the settings leave it out)."""
-        return next((f for f in self.fixes if isinstance(f, kind)), None)
 
     def install(self) -> None:
         """Start every fix the settings enable; imports neither torch nor vLLM. Disabled: the Ray variable."""
@@ -85,11 +75,7 @@ class Installer:
             fix.start()
 
     def uninstall(self) -> None:
-        """Undo :meth:`install`: hooks, the plugin's own wrappers and the Ray variable.
-
-        A wrapper another tool put on top of the plugin's is left in place with one warning; the plugin's
-        inside it then passes every call straight to vLLM. Built managers keep their state.
-        """
+        """Undo :meth:`install`; a wrapper another tool put on top stays, with one warning."""
         foreign = [name for fix in self.fixes for name in fix.uninstall()]
         if foreign:
             names = " and ".join(foreign)
@@ -105,9 +91,7 @@ class Installer:
 
     @contextmanager
     def suspended(self) -> Iterator[None]:
-        """vLLM's classes as they were before :meth:`install` for the block, then the same wrappers again
-        (hooks stay; a module vLLM imports meanwhile is patched after the block): an offline tool applies
-        a fix of its own there, one plugin layer at a time."""
+        """vLLM's classes as before :meth:`install` for the block, then the same wrappers again."""
         for fix in self.fixes:
             fix.suspend()
         try:
@@ -122,15 +106,8 @@ class Installer:
             if event in fix.retired_by:
                 fix.retire()
 
-    # -- Ray ------------------------------------------------------------------------------------------
-
     def _list_ray_prefix(self) -> None:
-        """Have vLLM's Ray executors copy ``STAGING_PLUGIN_*`` to their actors, as they copy ``VLLM_*``.
-
-        vLLM's Ray executor and its data-parallel Ray backend forward only vLLM's own variables and the
-        prefixes listed in ``VLLM_RAY_EXTRA_ENV_VAR_PREFIXES_TO_COPY``. Changed only when a plugin variable
-        is set, keeping what the operator listed; the engine-core process that creates the actors inherits it.
-        """
+        """Have vLLM's Ray executors copy ``STAGING_PLUGIN_*`` to their actors, as they copy ``VLLM_*``."""
         env = self.environ
         if not any(key.startswith(PLUGIN_PREFIX) for key in env):
             return
@@ -141,7 +118,7 @@ class Installer:
             self._ray_before = (previous,)
 
     def _restore_ray_prefix(self) -> None:
-        """Put back exactly what the operator's list was (nothing if this installer did not change it)."""
+        """Put back exactly the operator's list (nothing if this installer did not change it)."""
         before, self._ray_before = self._ray_before, None
         if before is None:
             return

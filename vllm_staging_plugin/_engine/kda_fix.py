@@ -4,18 +4,13 @@ Registry entry (vllm-ascend's fields):
 
 ``vllm.model_executor.layers.mamba.gdn.kimi_gdn_linear_attn.KimiGatedDeltaNetAttention.get_kv_cache_spec``
 (wrapped: the method the class inherits, or its own where vLLM defines one)
-    Why: under ``--use-replayssm`` every Mamba layer asks for no speculative state slots
-    (``mamba/abstract.py``, ``num_speculative_blocks = 0``). Kimi-K3's own KDA layer reads the one slot it
-    gets, but the shared ``KimiGatedDeltaNetAttention`` (Kimi-Linear) takes its metadata from the generic
-    GDN builder, whose speculative kernel reads one slot per query token. A step mixing a speculative
-    decode with a prefill then stores out of bounds: an illegal memory access, at boot where vLLM's
-    warm-up runs such a step.
-    How: where the spec vLLM returns gives fewer speculative blocks than speculative tokens under
-    ``--use-replayssm``, return it with ``num_speculative_blocks = num_speculative_tokens`` (as without
-    the flag) and one INFO line with the KV-cache cost; otherwise vLLM's spec unchanged. A vLLM that keeps
-    the slots itself gets one INFO line. Kimi-K3's own layer (``KimiK3DeltaAttention``) is another class.
-    ``STAGING_PLUGIN_KDA_FIX=off`` leaves it out.
-    Upstream PR: none yet; the same change as a patch to vLLM ships as ``patches/kda-spec-state-slots.patch``.
+    Why: under ``--use-replayssm`` every Mamba layer asks for no speculative state slots, but the shared
+    ``KimiGatedDeltaNetAttention`` (Kimi-Linear) runs the generic GDN speculative kernel, which reads one
+    slot per query token: a step mixing a speculative decode with a prefill stores out of bounds.
+    How: where vLLM's spec has fewer speculative blocks than speculative tokens under the flag, return it
+    with ``num_speculative_blocks = num_speculative_tokens`` (as without the flag) and one INFO line with
+    the cost. Kimi-K3's own layer is another class. ``STAGING_PLUGIN_KDA_FIX=off`` leaves it out.
+    Upstream PR: none yet; the same change ships as ``patches/kda-spec-state-slots.patch``.
     Removal: when vLLM keeps those slots itself.
 """
 
@@ -43,7 +38,7 @@ class KdaShapeError(RuntimeError):
 
 @dataclasses.dataclass(frozen=True)
 class SlotCost:
-    """What keeping the slots costs one request in one KDA layer (the upstream patch's cost too)."""
+    """What keeping the slots costs one request in one KDA layer."""
 
     slots_before: int
     slots_after: int
@@ -101,7 +96,7 @@ class KdaFix(RuntimeFix):
 
     def keep_slots(self, layer: str, vllm_config: Any, spec: Any, quiet: bool = False) -> Any:
         """``spec`` with one speculative slot per speculative token where the fault is, else ``spec``
-        (``quiet``: no log line, for the pre-flight, which reports the answer itself)."""
+        (``quiet``: no log line, for the pre-flight)."""
         cache = getattr(vllm_config, "cache_config", None)
         if not getattr(cache, "use_replayssm", False) or spec is None:
             return spec
@@ -151,8 +146,7 @@ class KdaFix(RuntimeFix):
 
 
 def slot_cost(vllm_config: Any, before: Any, after: Any) -> SlotCost:
-    """Slots and bytes one request holds in one layer, from the spec's own accounting
-    (``MambaSpec.max_memory_usage_bytes`` and ``page_size_bytes``)."""
+    """Slots and bytes one request holds in one layer, from the spec's own accounting."""
     page = int(before.page_size_bytes)
     used = (int(before.max_memory_usage_bytes(vllm_config)), int(after.max_memory_usage_bytes(vllm_config)))
     return SlotCost(used[0] // page, used[1] // page, *used)

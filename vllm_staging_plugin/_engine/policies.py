@@ -1,7 +1,6 @@
 """Capture-order policies: the built-ins, third-party packages, and asking the one that owns a name.
 
-Loaded only under a non-default ``STAGING_PLUGIN_ORDER`` (pluggy is not imported otherwise). One
-:class:`PolicyRegistry` is built per process at ``register()`` and handed to the staging fix.
+Loaded only under a non-default ``STAGING_PLUGIN_ORDER``; ``register()`` builds one registry per process.
 """
 
 from __future__ import annotations
@@ -35,19 +34,11 @@ def _tokens(desc: Any) -> int:
 
 
 class BuiltinPolicies:
-    """The built-in orders, each with why it is worth trying (docs/configuration.md has the figures).
+    """The built-in orders; docs/configuration.md says what each is for and what it costs.
 
-    Within one mode (vLLM captures every PIECEWISE graph, then every FULL one):
-    ``descending`` vLLM's own order, untouched: the widest graph of a mode first, so later ones reuse
-    its blocks in the graph pool. ``ascending`` the opposite, the worst case for that reuse (and the
-    order that crashes vLLM's lazy staging). ``max-first`` the largest, then ascending: the
-    staging buffers born at full size with every other graph in ascending order. ``shuffle:SEED`` a
-    seeded permutation.
-    Across the modes (:meth:`staging_capture_sequence`):
-    ``full-first`` FULL before PIECEWISE, each descending: decode graphs are the ones served on every
-    step. ``size-descending`` one list over both modes, widest first (ties: PIECEWISE first): every
-    graph after the first fits blocks that a wider one left. ``interleaved`` the modes alternate one
-    graph at a time, each descending, PIECEWISE first: the two modes' graphs of similar width side by side.
+    Within one mode: ``descending`` (vLLM's), ``ascending``, ``max-first`` (the largest, then ascending),
+    ``shuffle:SEED``. Across the modes: ``full-first``, ``size-descending`` (ties: PIECEWISE first) and
+    ``interleaved`` (one graph of each mode in turn, PIECEWISE first).
     """
 
     WITHIN_MODES = ("descending", "ascending", "max-first", "shuffle")
@@ -107,17 +98,12 @@ class PolicyRegistry:
         self._pm = pluggy.PluginManager(hookspecs.PROJECT_NAME)
         self._pm.add_hookspecs(hookspecs)
         self._owners: dict[str, str] = {}  # policy name -> package name
-        self._callers: dict[str, Any] = {}
         for name, plugin in [(BUILTIN, BuiltinPolicies()), *packages]:
             self._add(name, plugin, strict)
 
     @classmethod
     def load(cls, strict: bool = False) -> PolicyRegistry:
-        """The built-ins and every installed ``vllm_staging_plugin.order_policies`` entry point.
-
-        Entry points are loaded one by one, so one broken policy package is skipped with a warning naming
-        it (strict mode: raised) instead of failing every non-default order.
-        """
+        """The built-ins and every installed entry point; a broken package is skipped with a warning."""
         return cls(_loaded(entry_points(group=ENTRY_POINT_GROUP), strict), strict)
 
     def _add(self, name: str, plugin: object, strict: bool) -> None:
@@ -146,8 +132,11 @@ class PolicyRegistry:
             if owner != name:
                 logger.warning(
                     "vllm-staging-plugin: order policy %r is declared by %r and by %r; %r keeps it",
-                    policy, owner, name, owner,
-                )  # fmt: skip
+                    policy,
+                    owner,
+                    name,
+                    owner,
+                )
 
     def names(self) -> list[str]:
         return list(self._owners)
@@ -160,22 +149,17 @@ class PolicyRegistry:
 
     def _call(self, hook: str, policy: str, **kwargs: Any) -> list[Any]:
         """Call ``hook`` on the package that owns ``policy`` only."""
-        owner = self._owners[policy]
-        key = f"{hook}/{owner}"
-        caller = self._callers.get(key)
-        if caller is None:
-            plugin = self._pm.get_plugin(owner)
-            others = [p for p in self._pm.get_plugins() if p is not plugin]
-            caller = self._callers[key] = self._pm.subset_hook_caller(hook, others)
-        return list(caller(policy=policy, **kwargs))
+        plugin = self._pm.get_plugin(self._owners[policy])
+        others = [p for p in self._pm.get_plugins() if p is not plugin]
+        return list(self._pm.subset_hook_caller(hook, others)(policy=policy, **kwargs))
 
     def _implements(self, hook: str, policy: str) -> bool:
         plugin = self._pm.get_plugin(self._owners[policy])
         return any(impl.plugin is plugin for impl in getattr(self._pm.hook, hook).get_hookimpls())
 
     def validate(self, settings: Settings) -> None:
-        """Fail at start-up, naming the variable, the policy and the allowed values, for an order we
-        cannot run; any exception the owning package raises becomes a :class:`ConfigError`."""
+        """:class:`ConfigError` at start-up, naming the variable and the allowed values, for an order we
+        cannot run."""
         name = settings.order_name
         if name not in self._owners:
             raise ConfigError(
@@ -210,23 +194,13 @@ class PolicyRegistry:
             raise PolicyError(
                 f"order policy {name!r} ({self._owners[name]}) returned nothing for mode {mode}"
             )
-        ordered = list(results[0])
-        if len(ordered) != len(given) or Counter(map(id, ordered)) != Counter(map(id, given)):
-            raise PolicyError(
-                f"order policy {name!r} returned {len(ordered)} descriptors that are not a "
-                f"permutation of the {len(given)} it was given for mode {mode}"
-            )
-        return ordered
+        return _permutation(name, results[0], given, f"mode {mode}")
 
     def reordered(
         self, settings: Settings, capture_descs: Mapping[Any, Sequence[Any]]
     ) -> dict[Any, list[Any]]:
-        """``capture_descs`` in policy order: each mode's list reordered (modes keep vLLM's order), or,
-        for a policy that mixes the modes, one list of every descriptor under the first one's mode.
-
-        vLLM's capture loop takes each descriptor's mode from the descriptor itself (a contract test pins
-        it), so one list under one key captures every graph in its own mode, in the sequence given.
-        """
+        """``capture_descs`` in policy order: each mode's list reordered, or, for a policy across the modes,
+        one list under the first one's mode (vLLM captures each descriptor in its own ``cg_mode``)."""
         sequence = self.sequence(settings, capture_descs)
         if sequence is not None:
             return sequence
@@ -235,8 +209,7 @@ class PolicyRegistry:
     def sequence(
         self, settings: Settings, capture_descs: Mapping[Any, Sequence[Any]]
     ) -> dict[Any, list[Any]] | None:
-        """The whole capture as one list (under the key of its first descriptor's mode), or None when the
-        policy orders each mode alone."""
+        """The whole capture as one list, or None when the policy orders each mode alone."""
         name = settings.order_name
         if not self._implements("staging_capture_sequence", name):
             return None
@@ -247,21 +220,27 @@ class PolicyRegistry:
                 "staging_capture_sequence", name, argument=settings.order_argument, descriptors=given
             )
         except Exception as exc:
-            raise PolicyError(f"order policy {name!r} failed for the capture sequence: "
-                              f"{type(exc).__name__}: {exc}") from exc  # fmt: skip
+            raise PolicyError(
+                f"order policy {name!r} failed for the capture sequence: {type(exc).__name__}: {exc}"
+            ) from exc
         if not results:  # None: this policy orders each mode alone
             return None
-        ordered = list(results[0])
         every = [d for mode in ranked for d in capture_descs[mode]]
-        if len(ordered) != len(every) or Counter(map(id, ordered)) != Counter(map(id, every)):
-            raise PolicyError(
-                f"order policy {name!r} returned {len(ordered)} descriptors that are not a "
-                f"permutation of the {len(every)} it was given for the capture sequence"
-            )
+        ordered = _permutation(name, results[0], every, "the capture sequence")
         if not ordered:
             return {mode: [] for mode in ranked}
         owner = {id(d): mode for mode in ranked for d in capture_descs[mode]}
         return {owner[id(ordered[0])]: ordered}
+
+
+def _permutation(name: str, result: Sequence[Any], given: Sequence[Any], where: str) -> list[Any]:
+    ordered = list(result)
+    if len(ordered) != len(given) or Counter(map(id, ordered)) != Counter(map(id, given)):
+        raise PolicyError(
+            f"order policy {name!r} returned {len(ordered)} descriptors that are not a "
+            f"permutation of the {len(given)} it was given for {where}"
+        )
+    return ordered
 
 
 def _loaded(found: Iterable[EntryPoint], strict: bool) -> list[tuple[str, object]]:
@@ -277,6 +256,8 @@ def _loaded(found: Iterable[EntryPoint], strict: bool) -> list[tuple[str, object
                 ) from exc
             logger.warning(
                 "vllm-staging-plugin: order-policy entry point %r (%s) failed to load and is skipped: %s",
-                entry_point.name, entry_point.value, exc,
-            )  # fmt: skip
+                entry_point.name,
+                entry_point.value,
+                exc,
+            )
     return loaded

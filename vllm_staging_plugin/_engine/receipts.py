@@ -1,9 +1,7 @@
-"""Per-capture JSON receipts: the schema (one ``TypedDict``, read back by ``_offline.receipt_reader``) and
-the atomic writer. Imported only when ``STAGING_PLUGIN_RECEIPTS_DIR`` is set.
+"""Per-capture JSON receipts: the schema (read back by ``_offline.receipt_reader``) and the atomic writer.
 
-Written atomically (temporary file in the same directory, then ``os.replace``) under a name unique per
-host, process, rank and capture, so many workers can share one directory and a crash leaves no
-half-written receipt.
+A name unique per host, process, rank and capture lets many workers share one directory; ``os.replace``
+means a crash leaves no half-written receipt.
 """
 
 from __future__ import annotations
@@ -47,8 +45,7 @@ class _Start(TypedDict):
 
 
 class _Agreement(TypedDict, total=False):
-    """Fields a receipt of an older plugin lacks: the agreement check's count, whether vLLM sized the
-    staging itself, each captured descriptor's mode."""
+    """Fields a receipt of an older plugin lacks."""
 
     ranks_agreed: int | None  # ranks whose capture plan matched (None: not checked)
     vllm_sizes_staging: bool  # vLLM sizes the staging itself (its release shape, or seen doing so)

@@ -3,13 +3,10 @@
 Registry entry (vllm-ascend's fields):
 
 ``vllm.v1.worker.gpu_model_runner.GPUModelRunner.__init__`` (wrapped)
-    Why: the staging fix lives in Model Runner V2's ``ModelCudaGraphManager``. vLLM falls back to the V1
-    runner for features V2 lacks or without Triton, and older releases run V2 only for some models or on
-    request (``VLLM_USE_V2_MODEL_RUNNER=1``). Without this guard the plugin would be silently inactive and
-    ``STAGING_PLUGIN_ORDER`` ignored.
-    How: one warning when a V1 runner is built (strict mode: an error); the wrapper goes as soon as a V2
-    manager is built in the process.
-    Upstream PR: none (the plugin's own diagnosis). Removal: when no supported release has the V1 runner.
+    Why: the staging fix lives in Model Runner V2. Where vLLM picks the V1 runner the plugin would be
+    silently inactive and ``STAGING_PLUGIN_ORDER`` ignored.
+    How: one warning when a V1 runner is built (strict mode: an error); the wrapper goes once a V2
+    manager is built. Upstream PR: none. Removal: when no supported release has the V1 runner.
 """
 
 from __future__ import annotations
@@ -46,7 +43,7 @@ class V1RunnerGuard(RuntimeFix):
         return cls if isinstance(cls, type) and "__init__" in cls.__dict__ else None
 
     def retire(self) -> None:
-        """A V2 manager was built: this worker is V2, and the guard's wrapper goes with its hook."""
+        """A V2 manager was built: this worker is V2."""
         self.uninstall()
 
     def refusal(self, reason: str) -> str:

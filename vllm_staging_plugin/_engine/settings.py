@@ -1,11 +1,7 @@
-"""Environment configuration, parsed in one place so every error names its variable and values.
+"""Environment configuration, parsed once by ``register()`` so every error names its variable and values.
 
-``register()`` reads the environment once, through :func:`read_settings`, and hands the resulting
-:class:`Settings` to the installer; nothing else in the engine reads ``STAGING_PLUGIN_*``. The offline
-tools build their own :class:`Settings` and never write the variables. Never imports vLLM or torch.
-
-The prefix is ``STAGING_PLUGIN_``, not ``VLLM_``: vLLM's ``Platform.validate_environ`` warns about every
-unknown ``VLLM_*`` variable and, in its hard-fail mode, refuses to start.
+The prefix is ``STAGING_PLUGIN_``, not ``VLLM_``: vLLM warns about every unknown ``VLLM_*`` variable and,
+in its hard-fail mode, refuses to start.
 """
 
 from __future__ import annotations
@@ -41,12 +37,9 @@ class Settings:
     """Order policy spec, ``NAME`` or ``NAME:ARGUMENT`` (validated by :mod:`.policies`)."""
     receipts_dir: Path | None = None
     presize: str = "on"
-    """``on``; ``off`` keeps vLLM's lazy staging (only vLLM's order is then safe); ``off-allow-crash``
-    also lets another order run on stock staging, to reproduce the upstream crash on purpose."""
+    """``off`` keeps vLLM's lazy staging; ``off-allow-crash`` also allows another order, to reproduce the
+    upstream crash."""
     kda_fix: str = "on"
-    """``on``: vLLM's shared KDA layer keeps a state slot per speculative token under ``--use-replayssm``
-    (:mod:`.kda_fix`); ``off`` leaves it to vLLM (a Kimi-Linear boot with that flag then faults on a
-    step mixing a speculative decode with a prefill)."""
 
     @property
     def order_name(self) -> str:

@@ -1,7 +1,5 @@
-"""The sizing rule: pure functions over capture descriptors, no vLLM import.
-
-A descriptor's ``num_tokens`` is the padded batch it writes into the staging buffers, so the buffers
-need as many rows as the largest descriptor of any mode (PIECEWISE, FULL, LoRA cases, DBO twins).
+"""The sizing rule, pure functions over capture descriptors: a descriptor's ``num_tokens`` is the padded
+batch it writes into the staging buffers, so they need the rows of the largest descriptor of any mode.
 """
 
 from __future__ import annotations

@@ -1,11 +1,8 @@
-"""Per-manager staging: the buffers' names, the capacity they must hold, and the capture-time interception.
+"""Per-manager staging: vLLM's first capture output is grown to the capacity as vLLM stores it.
 
-vLLM's ``store_capture_output`` allocates each staging buffer as ``empty_like`` of the first capture output
-and only ever tests "is it still empty". During one capture the manager is moved into a subclass whose
-:class:`_StagingSlot` set-only descriptors see that first assignment: when the output has fewer rows than
-the capacity (the largest descriptor), a capacity-row tensor of the same dtype, device and trailing shape is
-stored instead; otherwise vLLM's own tensor is kept, byte for byte. A set-only descriptor leaves every read
-a plain instance-dict lookup, and after capture the manager is vLLM's class again.
+vLLM allocates each staging buffer as ``empty_like`` of the first capture output and then only tests "is it
+still empty". For one capture the manager moves into a subclass whose set-only slots see that first
+assignment and store a capacity-row tensor where vLLM's is shorter; otherwise vLLM's tensor is kept.
 """
 
 from __future__ import annotations
@@ -14,22 +11,16 @@ import copy
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
 import torch
 
 from .compat import STAGING_INITIAL
 from .settings import DEFAULT_ORDER, ENV_ORDER, Settings
-from .sizing import CAPTURE_MODE_ORDER, Descriptor, staging_bytes, staging_capacity
+from .sizing import CAPTURE_MODE_ORDER, Descriptor, staging_bytes
 
 STAGING_ATTRS = tuple(STAGING_INITIAL)
 STATE_ATTR = "_vllm_staging"  # per manager: its ManagerState, in the instance __dict__
-
-
-class Manager(Protocol):
-    """What the plugin reads of a ``ModelCudaGraphManager`` (every supported release has it)."""
-
-    _capture_descs: Mapping[Any, Sequence[Descriptor]]
 
 
 @dataclass
@@ -40,8 +31,7 @@ class ManagerState:
     capacity: int | None  # rows; None when pre-sizing is off
     ranks_agreed: int | None = None  # ranks whose capture plan matched (None: not checked)
     first_tokens: int | None = None  # num_tokens of this capture's first descriptor
-    vllm_sizes_staging: bool = False  # vLLM sizes the staging itself: its release shape, a stand-down, or
-    # (set during capture) its first buffer held the capacity although the first descriptor is smaller
+    vllm_sizes_staging: bool = False  # by its release shape, or seen sizing its first buffer itself
 
 
 class StagingError(RuntimeError):
@@ -79,11 +69,6 @@ def staging_buffer_bytes(manager: object) -> dict[str, dict[str, Any]]:
     }
 
 
-def held_rows(manager: object) -> int | None:
-    """Rows of the smallest allocated staging buffer (None before the first capture output)."""
-    return min((int(t.shape[0]) for t in staging_tensors(manager).values()), default=None)
-
-
 def first_tokens(capture_descs: Mapping[Any, Sequence[Descriptor]]) -> int | None:
     """``num_tokens`` of the descriptor vLLM captures first (PIECEWISE before FULL), None if none."""
     by_name = {str(getattr(mode, "name", mode)): descs for mode, descs in capture_descs.items()}
@@ -91,26 +76,6 @@ def first_tokens(capture_descs: Mapping[Any, Sequence[Descriptor]]) -> int | Non
         if by_name.get(name):
             return int(by_name[name][0].num_tokens)
     return None
-
-
-def ensure_capacity(manager: Manager, state: ManagerState) -> None:
-    """Re-read the descriptors; grow buffers that are too small while that is still safe."""
-    capacity = staging_capacity(manager._capture_descs)
-    state.capacity = capacity
-    rows = held_rows(manager)
-    if rows is None or rows >= capacity:
-        return
-    if getattr(manager, "graphs", None):
-        raise StagingError(
-            f"a capture descriptor of {capacity} tokens was added after CUDA graphs recorded the "
-            f"address of the {rows}-row staging buffers; replacing them would corrupt those graphs. "
-            "Register all descriptors before the first capture (vLLM rebuilds the manager when it "
-            "re-initialises the KV cache)."
-        )
-    own = vars(manager)
-    for name, initial in STAGING_INITIAL.items():
-        if name in own:
-            own[name] = copy.copy(initial)  # re-allocated lazily at the new capacity
 
 
 def presized(value: Any, capacity: int) -> Any:
@@ -166,11 +131,7 @@ def _is_empty(value: Any) -> bool:
 
 
 class _StagingSlot:
-    """Set-only data descriptor for one staging attribute; the value lives in the instance ``__dict__``.
-
-    No ``__get__``: reads never run plugin code (CPython finds no getter and falls through to the
-    instance dict), only vLLM's assignments do, a handful per capture.
-    """
+    """Set-only descriptor for one staging attribute: with no ``__get__``, reads never run plugin code."""
 
     def __init__(self, name: str) -> None:
         self.name = name
@@ -191,17 +152,13 @@ class _StagingSlot:
         try:
             return presized(value, capacity)
         except Exception as exc:
-            # Only reached when vLLM's first output has fewer rows than a later descriptor needs: going
-            # on with vLLM's buffer would crash at that descriptor's staging copy, whatever the order.
+            # vLLM's shorter buffer would crash at a later staging copy anyway: stop here, saying why
             raise StagingError(allocation_failure(state.settings, self.name, value, capacity, exc)) from exc
 
 
 def capture_view(cls: type, names: Sequence[str]) -> type:
-    """``cls`` plus a slot for each staging attribute in ``names``; same name and module, nothing else.
-
-    Only attributes the manager holds get a slot: a set-only descriptor answers a read of a missing
-    attribute with itself (older releases have no ``intermediate_tensors``).
-    """
+    """``cls`` plus a slot for each attribute in ``names``, only those the manager holds: a set-only slot
+    answers a read of a missing attribute with itself (before 0.19.0 no ``intermediate_tensors``)."""
     slots: dict[str, Any] = {name: _StagingSlot(name) for name in names}
     slots.update(__module__=cls.__module__, __qualname__=cls.__qualname__)
     return type(cls.__name__, (cls,), slots)
@@ -209,11 +166,7 @@ def capture_view(cls: type, names: Sequence[str]) -> type:
 
 @contextmanager
 def intercepting(manager: Any, view: type) -> Iterator[None]:
-    """During one capture, route the staging attributes through ``view``'s slots.
-
-    Swapping ``__class__`` (not putting descriptors on vLLM's class) keeps every access outside capture,
-    in particular ``run_fullgraph`` at each FULL graph replay, free of plugin code.
-    """
+    """For one capture, the manager in ``view``: vLLM's class stays free of plugin code at every replay."""
     cls = type(manager)
     manager.__class__ = view
     try:

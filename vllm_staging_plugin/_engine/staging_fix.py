@@ -3,24 +3,15 @@
 Registry entry (vllm-ascend's fields):
 
 ``vllm.v1.worker.gpu.cudagraph_utils.ModelCudaGraphManager.__init__`` and ``.capture`` (wrapped)
-    Why: vLLM allocates the staging buffers (``hidden_states``, ``aux_hidden_states``,
-    ``intermediate_tensors``) lazily with the rows of the first capture output, so a capture whose first
-    descriptor is not the largest crashes at the staging copy, in vLLM's own order too under recover-SSM
-    with speculative decoding (docs/stock-crashes.md names the releases).
-    How: after ``__init__``, check the structure (:mod:`.compat`) and record the capacity, the largest
-    ``num_tokens`` over every descriptor; nothing is allocated, so vLLM's profiling pass measures the
-    buffers as stock. In ``capture``: re-read the capacity; under a non-default ``STAGING_PLUGIN_ORDER``
-    reorder the real capture (never the profiling pass) once the coupled ranks agree (:mod:`.agreement`);
-    write a receipt if asked (:mod:`.capture_session`); for the capture only, move the manager into a
-    look-alike subclass whose set-only slots see vLLM's first assignment (:mod:`.staging`). The manager
-    holds one plugin attribute, ``_vllm_staging``. It reads, beside what it wraps, the names
-    :mod:`.compat` lists (one door, contract-tested).
-    Stands down: where vLLM sizes the staging itself (a release shape in :data:`.compat.SHAPES`, or vLLM's
-    first buffer seen at full size although the first descriptor is smaller), one INFO line and vLLM's
-    buffers untouched; the order knob and receipts keep working.
-    Upstream PR: vllm-project/vllm#47925 (same mechanism, closed unmerged); this project's proposal is
-    ``upstream/presize-staging-buffers.patch`` with its regression test. Newer vLLM sizes the buffers
-    itself (:data:`.compat.SHAPES`).
+    Why: vLLM allocates the staging buffers lazily with the rows of the first capture output, so a
+    capture whose first descriptor is not the largest crashes at the staging copy (in vLLM's own order
+    too under recover-SSM with speculative decoding).
+    How: ``__init__`` checks the structure (:mod:`.compat`) and records the capacity, the largest
+    ``num_tokens``, allocating nothing. ``capture`` reorders the real capture under a non-default
+    ``STAGING_PLUGIN_ORDER`` once coupled ranks agree (:mod:`.agreement`), writes a receipt if asked
+    (:mod:`.capture_session`) and grows vLLM's first short output (:mod:`.staging`). Where vLLM sizes
+    the staging itself it stands down with one INFO line; the order knob and receipts keep working.
+    Upstream PR: vllm-project/vllm#47925 (closed unmerged); ``upstream/presize-staging-buffers.patch``.
     Removal: once no supported release allocates lazily; the order knob then needs an upstream hook.
 """
 
@@ -112,41 +103,27 @@ class StagingFix(RuntimeFix):
         return __init__
 
     def _deactivate(self, reason: str) -> None:
-        """Refuse for this and every later manager: the class goes back to stock (called from ``__init__``
-        before the manager holds any plugin state, so there is nothing to remove)."""
+        """Refuse for this and every later manager: the class goes back to stock."""
         self.uninstall()
         self.refuse(reason)
 
     def _announce(self, manager: Any, capacity: int) -> None:
         level = logging.INFO if self.first("announced") else logging.DEBUG
-        settings = self.settings
-        descriptors = sum(len(d) for d in manager._capture_descs.values())
+        cls, names = type(manager).__name__, ", ".join(compat.STAGING_INITIAL)
+        descriptors, presize = sum(len(d) for d in manager._capture_descs.values()), self.settings.presize
         if self.vllm_sizes_staging:
-            logger.log(
-                level,
-                "vllm-staging-plugin: vLLM sizes %s's staging buffers (%s) to the largest of its %d capture "
-                "descriptors (%d rows) itself; the plugin leaves them to vLLM; capture order: %s",
-                type(manager).__name__,
-                ", ".join(compat.STAGING_INITIAL),
-                descriptors,
-                capacity,
-                settings.order,
+            said = (
+                f"vLLM sizes {cls}'s staging buffers ({names}) to the largest of its {descriptors} capture "
+                f"descriptors ({capacity} rows) itself; the plugin leaves them to vLLM"
             )
-            return
-        sizing = (
-            f"sized to {capacity} rows, the largest"
-            if settings.presize == "on"
-            else f"left to vLLM's lazy sizing ({settings.presize}; largest is {capacity} rows)"
-        )
-        logger.log(
-            level,
-            "vllm-staging-plugin: %s staging buffers (%s) %s of %d capture descriptors; capture order: %s",
-            type(manager).__name__,
-            ", ".join(compat.STAGING_INITIAL),
-            sizing,
-            descriptors,
-            settings.order,
-        )
+        else:
+            sizing = (
+                f"sized to {capacity} rows, the largest"
+                if presize == "on"
+                else f"left to vLLM's lazy sizing ({presize}; largest is {capacity} rows)"
+            )
+            said = f"{cls} staging buffers ({names}) {sizing} of {descriptors} capture descriptors"
+        logger.log(level, "vllm-staging-plugin: %s; capture order: %s", said, self.settings.order)
 
     def _wrap_capture(self, wrap: ClassWrap) -> Callable[..., Any]:
         from . import staging
@@ -160,8 +137,6 @@ class StagingFix(RuntimeFix):
                 return original(manager, *args, **kwargs)
             settings = state.settings
             presizing = state.capacity is not None and not self.vllm_sizes_staging
-            if presizing:
-                staging.ensure_capacity(manager, state)
             marked = compat.profiling_pass(manager)
             profiling = marked is not False
             if marked is None and settings.order != DEFAULT_ORDER:
@@ -191,8 +166,7 @@ class StagingFix(RuntimeFix):
         return capture
 
     def _unknown_profiling_mark(self) -> None:
-        """This vLLM marks its memory-profiling capture in no way the plugin knows: a reordered sample
-        would under-reserve graph memory, so every capture keeps vLLM's order (strict mode: an error)."""
+        """No known mark tells vLLM's profiling capture apart: a reordered sample would under-reserve."""
         reason = (
             f"this vLLM's manager has neither {compat.PROFILING_LIMIT} nor {compat.PROFILING_SAMPLE}, so "
             "the memory-profiling capture cannot be told from the real one"

@@ -28,15 +28,19 @@ def _installed(versions: dict[str, str | None], dist: str) -> str:
 def render_main_job(job: MainJob) -> str:
     """The main job's report, as far as the job got."""
     versions = job.versions
-    lines = [f"vllm-staging-plugin {job.plugin_version}",
-             f"installed: {_installed(versions, 'vllm')}, {_installed(versions, 'torch')}"]  # fmt: skip
+    lines = [
+        f"vllm-staging-plugin {job.plugin_version}",
+        f"installed: {_installed(versions, 'vllm')}, {_installed(versions, 'torch')}",
+    ]
     if job.config_error is not None:
         return "\n".join([*lines, f"configuration: INVALID: {job.config_error}"])
     settings = job.settings
     assert settings is not None
-    lines += [f"configuration: order={settings.order} presize={settings.presize} strict={settings.strict} "
-              f"disabled={settings.disabled} receipts={settings.receipts_dir or '-'} (valid)",
-              f"order policies: {job.policies}"]  # fmt: skip
+    lines += [
+        f"configuration: order={settings.order} presize={settings.presize} strict={settings.strict} "
+        f"disabled={settings.disabled} receipts={settings.receipts_dir or '-'} (valid)",
+        f"order policies: {job.policies}",
+    ]
     if job.refusal is not None:
         left = "" if job.versions["vllm"] is None else "; vLLM is left untouched"
         return "\n".join([*lines, f"would patch: no ({job.refusal}){left}"])
@@ -44,28 +48,42 @@ def render_main_job(job: MainJob) -> str:
     if settings.disabled:
         lines.append("but STAGING_PLUGIN_DISABLE is set: with it, the plugin leaves vLLM untouched")
     if job.vllm_sizes_staging:
-        lines.append("this vLLM sizes its staging buffers to the largest capture descriptor itself: the "
-                     "plugin leaves them to vLLM (order knob, receipts and KDA fix kept)")  # fmt: skip
+        lines.append(
+            "this vLLM sizes its staging buffers to the largest capture descriptor itself: the "
+            "plugin leaves them to vLLM (order knob, receipts and KDA fix kept)"
+        )
     r = job.replays
     assert r is not None
     cfg, manager = r.cfg, job.manager.rpartition(".")[2]
-    lines += ["", f"capture plan (real {manager} built on CPU; {cfg.mode}, {len(cfg.sizes)} sizes up to "
-              f"{max(cfg.sizes)}, max_num_seqs {cfg.max_num_seqs}, hidden {cfg.hidden_size} "
-              f"{str(cfg.dtype).removeprefix('torch.')}):"]  # fmt: skip
-    lines += [f"  {mode:<10} {len(tokens):>3} descriptors, num_tokens {shorten(tokens)}"
-              for mode, tokens in r.stock_default.sequence.items()]  # fmt: skip
-    lines += [f"  capacity   {r.stock_default.capacity} rows",
-              f"  staging    {describe_buffers(r.patched_default.buffers)}", ""]  # fmt: skip
+    lines += [
+        "",
+        f"capture plan (real {manager} built on CPU; {cfg.mode}, {len(cfg.sizes)} sizes up to "
+        f"{max(cfg.sizes)}, max_num_seqs {cfg.max_num_seqs}, hidden {cfg.hidden_size} "
+        f"{str(cfg.dtype).removeprefix('torch.')}):",
+    ]
+    lines += [
+        f"  {mode:<10} {len(tokens):>3} descriptors, num_tokens {shorten(tokens)}"
+        for mode, tokens in r.stock_default.sequence.items()
+    ]
+    lines += [
+        f"  capacity   {r.stock_default.capacity} rows",
+        f"  staging    {describe_buffers(r.patched_default.buffers)}",
+        "",
+    ]
     own = "boots" if r.stock_default.ok else "crashes"
-    lines.append(f"demonstration on this synthetic configuration, not your deployment: vLLM's staging code "
-                 f"replayed under the order '{r.order.order}' (in its own descending order stock vLLM {own} "
-                 "here; `check -- <vllm serve args>` checks a deployment):")  # fmt: skip
+    lines.append(
+        f"demonstration on this synthetic configuration, not your deployment: vLLM's staging code "
+        f"replayed under the order '{r.order.order}' (in its own descending order stock vLLM {own} "
+        "here; `check -- <vllm serve args>` checks a deployment):"
+    )
     lines += [f"  {mode:<10} num_tokens {shorten(tokens)}" for mode, tokens in r.stock.sequence.items()]
     for arm, result in (("stock", r.stock), ("patched", r.patched)):
         outcome = result.error or describe_buffers(result.buffers)
         lines.append(f"  {arm:<8} {'OK' if result.ok else 'CRASH'}: {outcome}")
-    lines.append("under vLLM's own order (descending): stock and patched buffers identical in shape, dtype "
-                 f"and bytes: {'yes' if r.identical else 'NO'}")  # fmt: skip
+    lines.append(
+        "under vLLM's own order (descending): stock and patched buffers identical in shape, dtype "
+        f"and bytes: {'yes' if r.identical else 'NO'}"
+    )
     return "\n".join(lines)
 
 
@@ -130,11 +148,14 @@ def patch_command(args: argparse.Namespace) -> int:
         return say_error(PATCH_PROG, Exit.FAILS, "", str(exc), as_json=False, labelled=False)
     files = ", ".join(str(path) for path in result.results)
     if args.revert:
-        print(f"reverted the {args.name} patch: the installed vLLM's {files} is as released again; "
-              "restart vLLM")  # fmt: skip
+        print(
+            f"reverted the {args.name} patch: the installed vLLM's {files} is as released again; restart vLLM"
+        )
     else:
-        print(f"applied the {args.name} patch to the installed vLLM ({files}); restart vLLM to use it; "
-              f"undo with `vllm-staging-plugin patch {args.name} --revert`")  # fmt: skip
+        print(
+            f"applied the {args.name} patch to the installed vLLM ({files}); restart vLLM to use it; "
+            f"undo with `vllm-staging-plugin patch {args.name} --revert`"
+        )
     return 0
 
 
@@ -251,14 +272,19 @@ def _refuse(message: str, as_json: bool, prog: str = "vllm-staging-plugin check"
 
 
 DEMO_DEFAULTS: dict[str, Any] = {
-    "mode": "FULL_AND_PIECEWISE", "max_size": 512, "max_num_seqs": 128, "hidden_size": 4096,
-}  # fmt: skip
+    "mode": "FULL_AND_PIECEWISE",
+    "max_size": 512,
+    "max_num_seqs": 128,
+    "hidden_size": 4096,
+}
 
 
 def demo_settings(args: argparse.Namespace) -> dict[str, Any]:
     """The demonstration's synthetic configuration: the options given, the defaults for the rest."""
-    return {dest: default if getattr(args, dest) is None else getattr(args, dest)
-            for dest, default in DEMO_DEFAULTS.items()}  # fmt: skip
+    return {
+        dest: default if getattr(args, dest) is None else getattr(args, dest)
+        for dest, default in DEMO_DEFAULTS.items()
+    }
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -363,8 +389,11 @@ def build_parser() -> argparse.ArgumentParser:
     how = pat.add_mutually_exclusive_group()
     how.add_argument("--apply", action="store_true", help="apply it to the installed vLLM's files")
     how.add_argument("--revert", action="store_true", help="undo it on the installed vLLM's files")
-    pat.add_argument("--dry-run", action="store_true", help="with --apply or --revert (or alone): say what "
-                     "would change, write nothing")  # fmt: skip
+    pat.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="with --apply or --revert (or alone): say what would change, write nothing",
+    )
     return parser
 
 
@@ -419,12 +448,18 @@ def _missing_vllm(releases: str) -> str | None:
 def _run(parser: argparse.ArgumentParser, words: list[str], serve_args: list[str] | None) -> int:
     args, unknown = parser.parse_known_args(words)
     if unknown and args.command == "check" and serve_args is None and not unknown[0].startswith("-"):
-        _refuse(f"{unknown[0]!r} looks like a model: the vllm serve arguments go after `--`, as in: "
-                f"{PREFLIGHT_FORM}", as_json=args.json)  # fmt: skip
+        _refuse(
+            f"{unknown[0]!r} looks like a model: the vllm serve arguments go after `--`, as in: "
+            f"{PREFLIGHT_FORM}",
+            as_json=args.json,
+        )
     if unknown:
         prog = f"{parser.prog} {args.command}"
-        _refuse(f"unrecognized arguments: {' '.join(unknown)} (`{prog} --help` explains the options)",
-                as_json=getattr(args, "json", False), prog=prog)  # fmt: skip
+        _refuse(
+            f"unrecognized arguments: {' '.join(unknown)} (`{prog} --help` explains the options)",
+            as_json=getattr(args, "json", False),
+            prog=prog,
+        )
     if args.command in ("report", "patch"):
         if serve_args is not None:
             parser.error(f"{args.command} takes no `-- MODEL [vllm serve arguments]`")
@@ -442,14 +477,22 @@ def _run(parser: argparse.ArgumentParser, words: list[str], serve_args: list[str
         _refuse(f"nothing after `--`: {PREFLIGHT_FORM}", args.json)
     demo = [f"--{dest.replace('_', '-')}" for dest in DEMO_DEFAULTS if getattr(args, dest, None) is not None]
     if serve_args is not None and demo:  # ignored by the pre-flight: never silently
-        _refuse(f"{', '.join(demo)}: options of the demonstration (without `--`); a vllm serve option goes "
-                f"after `--`: {PREFLIGHT_FORM}", args.json)  # fmt: skip
+        _refuse(
+            f"{', '.join(demo)}: options of the demonstration (without `--`); a vllm serve option goes "
+            f"after `--`: {PREFLIGHT_FORM}",
+            args.json,
+        )
     from .._engine.compat import SHAPES
 
     missing = _missing_vllm(SHAPES[-1].releases)  # the newest release the plugin knows
     if missing is not None:
-        return say_error("vllm-staging-plugin check", Exit.CANNOT_CHECK, "cannot check on this machine",
-                         missing, as_json=args.json)  # fmt: skip
+        return say_error(
+            "vllm-staging-plugin check",
+            Exit.CANNOT_CHECK,
+            "cannot check on this machine",
+            missing,
+            as_json=args.json,
+        )
     with quiet_logs(args.verbose):
         if serve_args is not None:
             from . import preflight

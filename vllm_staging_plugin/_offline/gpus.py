@@ -16,10 +16,6 @@ class Gpu:
     capability: tuple[int, int]
     memory_bytes: int
 
-    def describe(self) -> str:
-        major, minor = self.capability
-        return f"{self.name}, sm_{major}{minor}, {self.memory_bytes / 1024**3:.1f} GiB"
-
 
 # Values as torch.cuda reports them on these parts. vLLM reads the memory and name to pick its default
 # max_num_seqs / max_num_batched_tokens, and the capability for dtype and kernel defaults.

@@ -1,8 +1,5 @@
-"""An error of the plugin's own (a bug, or a vLLM private that changed under a seam), told apart from
-what the operator can fix: its own exit code, one line saying what broke and where, and the traceback
-only under ``-v``.
-
-``check``, ``report`` and the main job share it; vLLM's own refusals keep their codes (:class:`.exits.Exit`).
+"""An error of the plugin's own (a bug, or a vLLM private that changed under a seam): its own exit code,
+one line saying what broke and where, and the traceback only under ``-v``.
 """
 
 from __future__ import annotations
@@ -18,15 +15,13 @@ PACKAGE = Path(__file__).resolve().parent.parent
 REPORT = "please report it with this line, `vllm-staging-plugin --version` and `pip show vllm`"
 
 
-def _seam_changed(exc: BaseException) -> bool:
-    """A seam's own error (only where the seams, which import vLLM, were loaded at all)."""
-    changed = sys.modules.get("vllm_staging_plugin._offline.seams.changed")
-    return changed is not None and isinstance(exc, changed.SeamChanged)
+class SeamChanged(Exception):
+    """The installed vLLM no longer has a private a seam relies on; the message names it."""
 
 
 def is_internal(exc: BaseException) -> bool:
     """A seam found a vLLM private changed, or the innermost frame is the plugin's own code."""
-    if _seam_changed(exc):
+    if isinstance(exc, SeamChanged):
         return True
     frames = traceback.extract_tb(exc.__traceback__)
     return bool(frames) and Path(frames[-1].filename).resolve().is_relative_to(PACKAGE)
@@ -50,7 +45,7 @@ def describe(exc: BaseException) -> str:
     """The one line: what broke, where, and what to do."""
     what = (
         "a vLLM private the plugin reads changed"
-        if _seam_changed(exc)
+        if isinstance(exc, SeamChanged)
         else "a bug in the plugin, or a vLLM change it does not know"
     )
     return (

@@ -97,10 +97,11 @@ def run(mode: str, max_size: int, max_num_seqs: int, hidden_size: int, order: st
     chosen = cpu_replay.arm_settings(order or MAIN_JOB_ORDER)
     on_stock = cpu_replay.arm_settings(chosen.order, stock=True)
     job.replays = Replays(
-        cfg, chosen,
+        cfg,
+        chosen,
         stock_default=cpu_replay.replay(cfg, patched=False),
         patched_default=cpu_replay.replay(cfg, patched=True),
         stock=cpu_replay.replay(cfg, patched=True, settings=on_stock),
         patched=cpu_replay.replay(cfg, patched=True, settings=chosen),
-    )  # fmt: skip
+    )
     return job

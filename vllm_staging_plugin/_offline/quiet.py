@@ -1,9 +1,6 @@
 """Keep the terminal for the answer: vLLM's INFO lines and the warnings every GPU-less machine prints go.
 
-vLLM reads ``VLLM_LOGGING_LEVEL`` once, when first imported, so the variable is set for that import (and
-for the subprocess vLLM starts to inspect a model class) unless the operator set it. A few messages come
-on any machine without CUDA kernels or Triton, whatever the configuration, and say nothing about it;
-they are dropped where they are logged. ``-v`` keeps everything.
+vLLM reads ``VLLM_LOGGING_LEVEL`` once, on import, so it is set for that import unless the operator set it.
 """
 
 from __future__ import annotations
@@ -12,7 +9,7 @@ import contextlib
 import logging
 import os
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 from .scoped import items
 
@@ -40,13 +37,8 @@ EXPLAINED = (
 )
 
 
-class _DropCpuOnly(logging.Filter):
-    def __init__(self, prefix: str) -> None:
-        super().__init__()
-        self.prefix = prefix
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        return not str(record.msg).startswith(self.prefix)
+def _dropping(prefix: str) -> Callable[[logging.LogRecord], bool]:
+    return lambda record: not str(record.msg).startswith(prefix)
 
 
 @contextlib.contextmanager
@@ -66,7 +58,7 @@ def quiet_logs(verbose: bool) -> Iterator[None]:
                 stack.callback(vllm_logger.setLevel, vllm_logger.level)
                 vllm_logger.setLevel(logging.WARNING)
         for name, prefix in (*CPU_ONLY, *REPORTED):
-            logger, dropped = logging.getLogger(name), _DropCpuOnly(prefix)
+            logger, dropped = logging.getLogger(name), _dropping(prefix)
             logger.addFilter(dropped)
             stack.callback(logger.removeFilter, dropped)
         yield

@@ -1,8 +1,4 @@
-"""Read receipts back: every complete receipt under a directory, the bad ones named and skipped.
-
-The schema is the engine's (:class:`vllm_staging_plugin._engine.receipts.Receipt`); this module runs on the
-operator's machine only.
-"""
+"""Read receipts back: every complete receipt under a directory, the bad ones named and skipped."""
 
 from __future__ import annotations
 

@@ -1,7 +1,6 @@
 """Compare capture orders from a directory of receipts: N, median/min/max, ratio to descending.
 
-Receipts of several ranks (tensor/pipeline parallel) are reported per rank, each against its own rank's
-baseline, with a ``rank`` column; single-rank data has no such column.
+Several ranks' receipts are reported per rank, each against its own rank's baseline.
 """
 
 from __future__ import annotations
@@ -9,7 +8,7 @@ from __future__ import annotations
 import statistics
 import sys
 from collections import defaultdict
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -188,18 +187,9 @@ def plot(rows: list[Row], path: Path) -> None:
         plt.close(fig)
 
 
-def _to_stderr(message: str) -> None:
-    print(message, file=sys.stderr)
-
-
-def report(
-    directory: Path | str, plot_path: Path | None = None, warn: Callable[[str], None] = _to_stderr
-) -> str:
-    """The comparison table; :class:`ReportError` if there is nothing to compare.
-
-    Files named like receipts that are not readable receipts (partial copies, other schemas) are skipped
-    with one ``warn`` line each, naming the file.
-    """
+def report(directory: Path | str, plot_path: Path | None = None) -> str:
+    """The comparison table; :class:`ReportError` if there is nothing to compare. A file that is not a
+    readable receipt is skipped with one line on stderr naming it."""
     shown, directory = str(directory), Path(directory)  # named as the operator typed it
     if not directory.exists():
         raise ReportError(f"vllm-staging-plugin report: no such directory: {shown}", code=Exit.BAD_INPUT)
@@ -209,7 +199,7 @@ def report(
 
     def skip(path: Path, reason: str) -> None:
         skipped.append(path)
-        warn(f"vllm-staging-plugin report: skipped {path}: {reason}")
+        print(f"vllm-staging-plugin report: skipped {path}: {reason}", file=sys.stderr)
 
     rows = summarize(read_receipts(directory, skip))
     if not rows:

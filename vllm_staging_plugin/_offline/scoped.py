@@ -1,9 +1,7 @@
-"""Change a process for one block and put it back exactly, also when the block raises; blocks that change
-several things nest these in a ``contextlib.ExitStack``. Two process changes are undone by hand in
-``seams/platform.py`` instead: the rebinding of ``current_platform`` in every loaded vLLM module
-(``platform_bound``: the modules to put back include those first imported during the block) and the
-``cuda`` attribute the import of ``vllm.platforms.cuda`` leaves on ``vllm.platforms``
-(``cuda_platform_class``)."""
+"""Change a process for one block and put it back exactly, also when the block raises.
+
+``seams/platform.py`` undoes its two platform changes by hand (docs/design.md).
+"""
 
 from __future__ import annotations
 

@@ -1,13 +1,7 @@
-"""The two fixes to vLLM itself that ship inside the package, and applying one to the installed vLLM.
+"""The two fixes to vLLM itself that ship inside the package (``presize`` and ``kda``), and applying one.
 
-``presize`` is the plugin's staging fix written as a change to vLLM (the staging buffers sized by the largest
-capture descriptor); ``kda`` is its KDA fix written as one (vLLM's shared Kimi-Linear KDA layer keeps one
-state slot per speculative token under ``--use-replayssm``), for operators who want the fix inside vLLM.
-Both are unified diffs against vLLM 0.33.0
-(``a/vllm/...``). They are applied here without fuzz and without the ``patch`` program: every hunk's
-lines must be found exactly, or nothing is written ("fits": every hunk matches the installed files). Each
-names the releases it is for, those that need it, every one of which CI checks: the patch fits, and its
-upstream regression test fails on the stock release and passes patched.
+Each is a unified diff against vLLM 0.33.0, applied without fuzz and without the ``patch`` program: every
+hunk must match the installed files exactly ("fits"), or nothing is written.
 """
 
 from __future__ import annotations
@@ -130,8 +124,6 @@ def vllm_root() -> Path:
 class Plan:
     """What applying (or reverting) would do to each file: ``applies``, ``already`` or ``does not fit``."""
 
-    name: str
-    reverse: bool
     files: dict[Path, str]  # path -> state
     results: dict[Path, list[str]]  # path -> new lines, for the files that change
 
@@ -161,7 +153,7 @@ def plan(name: str, root: Path | None = None, reverse: bool = False) -> Plan:
             files[path] = "already"
         else:
             files[path] = "does not fit"
-    return Plan(name, reverse, files, results)
+    return Plan(files, results)
 
 
 def write(result: Plan) -> None:

@@ -1,13 +1,7 @@
 """Drive the real installed ``ModelCudaGraphManager.capture`` staging code on a machine without a GPU.
 
-Only the CUDA-specific edges are stubbed (the PP group, the graph pool, attention-input preparation,
-the forward context and the base class's ``torch.cuda.graph`` loop, replaced by a loop that runs each
-descriptor's warm-up and capture forwards in the stored order; ``tests/test_contract_replay_loop.py`` pins
-that loop to vLLM's own on every supported release). ``store_capture_output`` -- the code that crashes --
-is vLLM's own. Used by the CLI's main job, the pre-flight, the atlas and the contract tests.
-
-The package: ``config`` (what is replayed, and vLLM's config for it), ``stand_ins`` (what the runner would
-hand ``capture()``), ``run`` (the replay, stock or patched); vLLM's privates through ``_offline/seams``.
+Only the CUDA edges are stubbed; ``store_capture_output``, the code that crashes, is vLLM's own, and
+``tests/test_contract_replay_loop.py`` pins the stand-in capture loop to vLLM's.
 """
 
 from .config import (
@@ -52,4 +46,4 @@ __all__ = [
     "speculative_config",
     "stock_or_patched",
     "vllm_sizes_staging",
-]  # fmt: skip
+]

@@ -86,10 +86,13 @@ def build_manager(cfg: ReplayConfig, vllm_config: Any = None) -> Any:
     """The real ``ModelCudaGraphManager`` for ``cfg`` (call inside :func:`cpu_stubs`), from ``vllm_config``
     (a deployment's, in the pre-flight) or else the one built for ``cfg``."""
     return seams.new_manager(
-        make_vllm_config(cfg) if vllm_config is None else vllm_config, cfg.mode, cfg.decode_query_len,
-        lora_capture_cases=cfg.lora_capture_cases, varlen_decode=cfg.varlen_decode,
+        make_vllm_config(cfg) if vllm_config is None else vllm_config,
+        cfg.mode,
+        cfg.decode_query_len,
+        lora_capture_cases=cfg.lora_capture_cases,
+        varlen_decode=cfg.varlen_decode,
         ubatch_runner=UbatchRunner() if cfg.dbo else None,
-    )  # fmt: skip
+    )
 
 
 def run_capture(manager: Any, cfg: ReplayConfig) -> ReplayResult:
@@ -104,8 +107,15 @@ def run_capture(manager: Any, cfg: ReplayConfig) -> ReplayResult:
     model = Model(cfg)
     block_tables = BlockTables() if cfg.dbo else None  # the microbatched capture asks them for dummies
     try:
-        seams.capture_on_cpu(manager, model, max_num_seqs=cfg.max_num_seqs, rows=rows, upstream=upstream,
-                             aux_hidden_states=cfg.aux_layers > 0, block_tables=block_tables)  # fmt: skip
+        seams.capture_on_cpu(
+            manager,
+            model,
+            max_num_seqs=cfg.max_num_seqs,
+            rows=rows,
+            upstream=upstream,
+            aux_hidden_states=cfg.aux_layers > 0,
+            block_tables=block_tables,
+        )
     except Exception as exc:
         error, settled = f"{type(exc).__name__}: {exc}", conclusive(exc)
     walked = seams.replayed_plan(manager)  # the order captured, a patch's too

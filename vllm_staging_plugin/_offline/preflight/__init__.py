@@ -1,11 +1,7 @@
 """``vllm-staging-plugin check -- <vllm serve arguments>``: would this configuration boot, stock and patched?
 
-The arguments go through vLLM's own ``vllm serve`` parser and ``AsyncEngineArgs.create_engine_config``
-(:mod:`.configure`), so the ``VllmConfig`` is vLLM's; on a machine without a GPU its CUDA platform is
-emulated for device queries only (:mod:`.platform`). The real ``ModelCudaGraphManager`` is then built
-from it, the way Model Runner V2's ``initialize_kv_cache`` builds it, and its real ``capture()`` staging
-code runs on CPU tensors (:mod:`.replay`): stock in vLLM's own order, then with the plugin patched in the
-chosen order. Nothing is captured and no GPU memory is touched. :mod:`.render` prints the result.
+vLLM's own parser and config (:mod:`.configure`), its CUDA platform emulated for device queries only
+(:mod:`.platform`), its real manager's staging code on CPU tensors (:mod:`.replay`); docs/preflight.md.
 """
 
 from __future__ import annotations
@@ -58,8 +54,11 @@ def _logs_to_stderr() -> Iterator[None]:
     """Keep stdout for the report (one JSON object with --json): vLLM logs to stdout by default."""
     import logging
 
-    moved = [h for h in logging.getLogger("vllm").handlers
-             if isinstance(h, logging.StreamHandler) and h.stream is sys.stdout]  # fmt: skip
+    moved = [
+        h
+        for h in logging.getLogger("vllm").handlers
+        if isinstance(h, logging.StreamHandler) and h.stream is sys.stdout
+    ]
     for handler in moved:
         handler.setStream(sys.stderr)
     try:

@@ -9,6 +9,7 @@ import os
 from collections.abc import Sequence
 from typing import Any
 
+from ..._engine.compat import installed_versions
 from .. import seams
 from ..text import first_line
 from .missing import missing_behind, missing_module
@@ -56,8 +57,8 @@ def create_engine_config(args: argparse.Namespace, argv: Sequence[str] = ()) -> 
             ) from exc
         if kind == "unknown-architecture":
             raise BadArguments(
-                f"{condense(text)}: vLLM {_vllm_version()} does not know this architecture (check "
-                "`architectures` in config.json and the vLLM version)"
+                f"{condense(text)}: vLLM {installed_versions()['vllm'] or '?'} does not know this "
+                "architecture (check `architectures` in config.json and the vLLM version)"
             ) from exc
         raise BadArguments(_validation_errors(exc, argv) or condense(text)) from exc
 
@@ -78,8 +79,10 @@ def _validation_errors(exc: BaseException, argv: Sequence[str]) -> str | None:
         return None  # a model-level "Value error, ..." sentence: condense() keeps vLLM's own words
     given = {w[2:].split("=", 1)[0].replace("-", "_") for w in argv if w.startswith("--")}
     ordered = sorted(fields, key=lambda item: item[0] not in given)
-    said = [f"{field} (--{field.replace('_', '-')}) {msg}" if field in given else f"{field} {msg}"
-            for field, msg in ordered]  # fmt: skip
+    said = [
+        f"{field} (--{field.replace('_', '-')}) {msg}" if field in given else f"{field} {msg}"
+        for field, msg in ordered
+    ]
     return f"{getattr(found, 'title', type(found).__name__)}: {'; '.join(said)}"
 
 
@@ -102,9 +105,3 @@ def condense(text: str) -> str:
     if found:
         return f"{found.group(1)}: {' '.join(found.group(2).split())}"
     return " ".join(text.split())
-
-
-def _vllm_version() -> str:
-    from ..._engine import compat
-
-    return compat.installed_versions()["vllm"] or "?"

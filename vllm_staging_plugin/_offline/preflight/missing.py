@@ -18,10 +18,14 @@ class Missing:
     @property
     def advice(self) -> str:
         if self.requirement is None:
-            return (f"the Python module '{self.module}' is not installed here, and vLLM's requirements name "
-                    f"no distribution for it: install the one that provides '{self.module}'")  # fmt: skip
-        return (f"the Python module '{self.module}' is not installed here; vLLM requires it "
-                f"({self.requirement}): pip install '{self.requirement}'")  # fmt: skip
+            return (
+                f"the Python module '{self.module}' is not installed here, and vLLM's requirements name "
+                f"no distribution for it: install the one that provides '{self.module}'"
+            )
+        return (
+            f"the Python module '{self.module}' is not installed here; vLLM requires it "
+            f"({self.requirement}): pip install '{self.requirement}'"
+        )
 
 
 def missing_module(exc: BaseException | None) -> Missing | None:

@@ -96,7 +96,9 @@ def _hub_model_reachable(model: str, revision: str | None, role: str) -> None:
     from urllib.parse import urlparse
 
     if os.path.isdir(os.path.expanduser(model)) or os.environ.get("VLLM_USE_MODELSCOPE", "").lower() in (
-        "1", "true"):  # fmt: skip
+        "1",
+        "true",
+    ):
         return
     try:
         from huggingface_hub import try_to_load_from_cache
@@ -114,8 +116,10 @@ def _hub_model_reachable(model: str, revision: str | None, role: str) -> None:
     if isinstance(cached, str):
         return
     _typo_of_a_folder(model, role)
-    fix = (f"put its config.json in a folder and give that folder (./{model.rsplit('/', 1)[-1]}), or run "
-           "where the hub is reachable")  # fmt: skip
+    fix = (
+        f"put its config.json in a folder and give that folder (./{model.rsplit('/', 1)[-1]}), or run "
+        "where the hub is reachable"
+    )
     if HF_HUB_OFFLINE:
         raise CannotCheckHere(
             f"{role} {model!r} is not a local folder, not in the Hugging Face cache, and HF_HUB_OFFLINE is "

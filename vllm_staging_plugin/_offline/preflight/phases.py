@@ -1,9 +1,4 @@
-"""Where a pre-flight's time goes: per phase wall seconds, reported in ``--json`` as ``seconds``.
-
-benchmarks/preflight_speed.py reads them. vLLM's model inspection (its registry's subprocess, cached per
-architecture under VLLM_CACHE_ROOT) is run on its own before the configuration build and counted as
-``inspect``.
-"""
+"""Where a pre-flight's time goes: per phase wall seconds, reported in ``--json`` as ``seconds``."""
 
 from __future__ import annotations
 

@@ -1,9 +1,7 @@
 """The pre-flight's platform: vLLM's own ``CudaPlatform`` class, device queries answered for a declared GPU.
 
-On a machine without a GPU, ``create_engine_config`` would resolve vLLM's "unspecified" platform, whose
-empty device type it cannot build a config for, and vLLM's CUDA platform module does not import (its native
-op library needs ``libcuda``). :func:`platform_for_check` therefore runs vLLM's ``CudaPlatform`` with only
-its device queries answered; docs/preflight.md says exactly what is emulated and what is not.
+Without a GPU vLLM would resolve its "unspecified" platform, which cannot build a config; docs/preflight.md
+says what is emulated.
 """
 
 from __future__ import annotations
@@ -55,24 +53,14 @@ def emulated_platform(gpu: Gpu) -> Any:
     return EmulatedCudaPlatform()
 
 
-def _machine_platform() -> Any:
-    from vllm.platforms import current_platform
-
-    return current_platform
-
-
-def _needs_emulation(platform: Any) -> bool:
-    """A GPU host's CUDA or ROCm platform is used as is; CPU-only machines resolve "unspecified" or "cpu"."""
-    return not (platform.is_cuda_alike())
-
-
 @contextlib.contextmanager
 def platform_for_check(gpu: Gpu) -> Iterator[tuple[Any, bool]]:
     """Yield ``(platform, emulated)``: the machine's CUDA/ROCm platform, or the emulated CUDA one, bound as
     vLLM's ``current_platform`` for the block (``seams.platform_bound``) with the CUDA kernel library's
     capability questions answered (``seams.kernel_library_answers``)."""
-    machine = _machine_platform()
-    if not _needs_emulation(machine):
+    from vllm.platforms import current_platform as machine
+
+    if machine.is_cuda_alike():  # a GPU host's CUDA or ROCm platform is used as is
         yield machine, False
         return
     seams.import_under_machine_platform()
@@ -98,8 +86,19 @@ def node_gpus(args: Any) -> int:
 
 def platform_json(platform: Any, emulated: bool, gpu: Gpu) -> dict[str, Any]:
     if emulated:
-        return {"name": "cuda", "emulated": True, "gpu": gpu.name, "capability": list(gpu.capability),
-                "memory_bytes": gpu.memory_bytes, "gpus": type(platform).emulated_count}  # fmt: skip
-    return {"name": str(platform.device_name), "emulated": False, "gpu": platform.get_device_name(),
-            "capability": None, "memory_bytes": platform.get_device_total_memory(),
-            "gpus": platform.device_count()}  # fmt: skip
+        return {
+            "name": "cuda",
+            "emulated": True,
+            "gpu": gpu.name,
+            "capability": list(gpu.capability),
+            "memory_bytes": gpu.memory_bytes,
+            "gpus": type(platform).emulated_count,
+        }
+    return {
+        "name": str(platform.device_name),
+        "emulated": False,
+        "gpu": platform.get_device_name(),
+        "capability": None,
+        "memory_bytes": platform.get_device_total_memory(),
+        "gpus": platform.device_count(),
+    }

@@ -13,8 +13,10 @@ def render(result: Preflight) -> str:
     platform = f"{p['name']} ({p['gpu']})"
     if p["emulated"]:
         major, minor = p["capability"]
-        platform = (f"emulated CUDA: vLLM's CudaPlatform, device queries answered for {p['gpu']}, "
-                    f"sm_{major}{minor}, {p['memory_bytes'] / 1024**3:.1f} GiB (no GPU here)")  # fmt: skip
+        platform = (
+            f"emulated CUDA: vLLM's CudaPlatform, device queries answered for {p['gpu']}, "
+            f"sm_{major}{minor}, {p['memory_bytes'] / 1024**3:.1f} GiB (no GPU here)"
+        )
     lines = [
         f"vllm-staging-plugin {__version__} pre-flight: vllm {result.vllm_version or 'not installed'}, "
         f"torch {result.torch_version or 'not installed'}",
@@ -36,8 +38,10 @@ def render(result: Preflight) -> str:
     stock = result.stock
     if stock.ok and result.kda_fault_at_boot and not result.serves:
         held = describe_buffers(stock.buffers)
-        lines.append(f"stock vLLM (its own order): its staging holds ({held}), but it dies at boot in its "
-                     "warm-up, before the capture (serving, below)")  # fmt: skip
+        lines.append(
+            f"stock vLLM (its own order): its staging holds ({held}), but it dies at boot in its "
+            "warm-up, before the capture (serving, below)"
+        )
     elif stock.ok:
         lines.append(f"stock vLLM (its own order): boots ({describe_buffers(stock.buffers)})")
     else:
@@ -65,8 +69,10 @@ def render(result: Preflight) -> str:
         lines.append("")
         if fix.verified:
             more = f"{fix.extra_graphs} more CUDA graph{'s' if fix.extra_graphs != 1 else ''}"
-            lines.append(f"without the plugin: give vLLM this grid instead of yours ({more}; stock vLLM "
-                         "replayed with it boots):")  # fmt: skip
+            lines.append(
+                f"without the plugin: give vLLM this grid instead of yours ({more}; stock vLLM "
+                "replayed with it boots):"
+            )
             lines.append(f"  {fix.argument}")
         else:
             lines.append(f"without the plugin: no grid found that stock vLLM boots ({fix.note})")
@@ -74,14 +80,18 @@ def render(result: Preflight) -> str:
             widths = " or ".join(str(w) for w in fix.nearby_widths)
             lines.append(f"  or keep your grid with {widths} speculative tokens: stock vLLM boots that too")
         if not result.serves:
-            lines.append("  this gets stock vLLM through the capture only: the serving fault above stays "
-                         "(its fixes are above)")  # fmt: skip
+            lines.append(
+                "  this gets stock vLLM through the capture only: the serving fault above stays "
+                "(its fixes are above)"
+            )
         elif result.kda_step_error is not None:
             lines.append("  whether it then serves was not checked here (see serving above)")
     if result.fixed_in_vllm is not None:
         lines.append("")
-        lines.append(f"or upgrade: vLLM {result.fixed_in_vllm} sizes its staging buffers itself, and this "
-                     "crash is gone there")  # fmt: skip
+        lines.append(
+            f"or upgrade: vLLM {result.fixed_in_vllm} sizes its staging buffers itself, and this "
+            "crash is gone there"
+        )
     if result.notes:
         lines.append("")
         lines.extend(f"note: {note}" for note in result.notes)

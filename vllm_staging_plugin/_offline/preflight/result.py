@@ -33,8 +33,12 @@ class ServingFix:
     serves: bool | None  # None: the serving question could not be answered on them either
 
     def to_json(self) -> dict[str, Any]:
-        return {"serve_arguments": self.serve_arguments, "stock_boots": self.stock_boots,
-                "plugin_boots": self.plugin_boots, "serves": self.serves}  # fmt: skip
+        return {
+            "serve_arguments": self.serve_arguments,
+            "stock_boots": self.stock_boots,
+            "plugin_boots": self.plugin_boots,
+            "serves": self.serves,
+        }
 
 
 @dataclass
@@ -91,8 +95,10 @@ class Preflight:
             if not arm.conclusive
         ]
         if self.kda_step_error is not None:
-            gaps.append(f"serving (vLLM's shared KDA layer on a step mixing a speculative decode with a "
-                        f"prefill): {self.kda_step_error}")  # fmt: skip
+            gaps.append(
+                f"serving (vLLM's shared KDA layer on a step mixing a speculative decode with a "
+                f"prefill): {self.kda_step_error}"
+            )
         return gaps
 
     def serve_lines(self) -> list[str]:
@@ -105,11 +111,15 @@ class Preflight:
             )
         where = f"vLLM's shared KDA layer ({step.layer}, {step.builder})"
         if not step.faults:
-            return [f"serving: {where} indexes a speculative decode beside a prefill with "
-                    f"{step.index_columns} state columns for its {step.query_length} tokens"]  # fmt: skip
+            return [
+                f"serving: {where} indexes a speculative decode beside a prefill with "
+                f"{step.index_columns} state columns for its {step.query_length} tokens"
+            ]
         extra = step.extra_bytes_per_request / 1024**2
-        spent = (f"{step.query_length - 1} more state slots per request in its {step.kda_layers} KDA layers: "
-                 f"{extra:.1f} MiB per request on each GPU")  # fmt: skip
+        spent = (
+            f"{step.query_length - 1} more state slots per request in its {step.kda_layers} KDA layers: "
+            f"{extra:.1f} MiB per request on each GPU"
+        )
         when = (
             "this vLLM runs such a step in its boot warm-up, so stock vLLM dies at boot (CUDA illegal "
             "memory access)"
@@ -162,14 +172,18 @@ class Preflight:
     @property
     def ranks_replayed(self) -> str:
         """Which ranks the replays stand for, in words."""
-        tp, pp, dp = (self.parallel.get(k, 1) for k in ("tensor_parallel_size", "pipeline_parallel_size",
-                                                         "data_parallel_size"))  # fmt: skip
+        tp, pp, dp = (
+            self.parallel.get(k, 1)
+            for k in ("tensor_parallel_size", "pipeline_parallel_size", "data_parallel_size")
+        )
         if pp == 1:
             text = "replayed the only pipeline stage (hidden_states)"
         else:
             role = {0: "first", pp - 1: "last"}
-            parts = [f"{s.index} ({role.get(s.index, f'middle, for stages 1-{pp - 2}')}: {s.staged})"
-                     for s in self.stages]  # fmt: skip
+            parts = [
+                f"{s.index} ({role.get(s.index, f'middle, for stages 1-{pp - 2}')}: {s.staged})"
+                for s in self.stages
+            ]
             text = f"replayed pipeline stages {', '.join(parts)} of {pp}"
         if tp > 1:
             whose = "the" if pp == 1 else "each stage's"
@@ -253,8 +267,15 @@ class Preflight:
         fix = self.serving_fix.to_json() if self.serving_fix else None
         if step is None:
             applies = None if self.kda_step_error is not None else False
-            return {"applies": applies, "checked": False, "ok": None, "plugin_ok": None,
-                    "error": self.kda_step_error, "advice": advice, "fix": fix}  # fmt: skip
+            return {
+                "applies": applies,
+                "checked": False,
+                "ok": None,
+                "plugin_ok": None,
+                "error": self.kda_step_error,
+                "advice": advice,
+                "fix": fix,
+            }
         return {
             "applies": True,
             "checked": True,

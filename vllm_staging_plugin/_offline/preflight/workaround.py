@@ -1,12 +1,7 @@
 """A way out without the plugin: the smallest grid change that makes stock vLLM boot, verified by replay.
 
-Stock vLLM crashes when its first captured descriptor (the largest PIECEWISE size) is smaller than the
-largest FULL decode descriptor. Adding that FULL size to ``cudagraph_capture_sizes`` gives PIECEWISE a
-descriptor of that size, captured first, so the lazily allocated buffers are wide enough. The new grid
-is written back into the operator's own ``vllm serve`` arguments and the whole check (vLLM's parser,
-its config, the real manager, its staging copy) runs again on them: ``verified`` is that replay's word,
-not this module's arithmetic. Under a dynamic schedule a new size rounds up again under another tier's
-query length; a multiple of every query length does not, so that is the second candidate.
+Adding the largest FULL decode size to ``cudagraph_capture_sizes`` makes PIECEWISE capture that size first.
+``verified`` is the whole check run again on the changed arguments, not this module's arithmetic.
 """
 
 from __future__ import annotations
@@ -202,8 +197,11 @@ def with_speculative_tokens(argv: Sequence[str], tokens: int) -> list[str] | Non
 
 def _dotted_grid_key(flag: str) -> bool:
     head, dot, key = flag.partition(".")
-    return bool(dot) and head in COMPILATION_FLAGS and key.replace("-", "_") in (
-        "cudagraph_capture_sizes", "max_cudagraph_capture_size")  # fmt: skip
+    return (
+        bool(dot)
+        and head in COMPILATION_FLAGS
+        and key.replace("-", "_") in ("cudagraph_capture_sizes", "max_cudagraph_capture_size")
+    )
 
 
 def _json_object(text: str) -> dict[str, Any] | None:

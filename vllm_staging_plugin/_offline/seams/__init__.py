@@ -16,7 +16,7 @@ dotted drafter name as a model, as 0.34.0 does). No other offline module reaches
 rebinds a vLLM global.
 """
 
-from .changed import SeamChanged
+from ..internal import SeamChanged
 from .config import (
     capability_family,
     config_failure,
@@ -52,11 +52,35 @@ from .platform import (
 )
 
 __all__ = [
-    "KERNEL_QUERIES", "PLATFORM_BRANCHING_MODULES", "KdaMixedStep", "ManagerInputs", "SeamChanged",
-    "capability_family", "capture_arguments", "capture_on_cpu", "capture_plan", "config_failure",
-    "cpu_capture_edges", "cuda_platform_class", "cudagraph_module", "derive_capture_sizes",
-    "fault_at_boot", "graph_pool_stub", "import_under_machine_platform", "inspect_architecture",
-    "kda_layer_class", "kda_mixed_step", "kernel_library_answers", "loads_drafter", "manager_features",
-    "manager_inputs", "model_class", "model_import_error", "new_manager", "platform_bound",
-    "proposer_class_path", "replayed_plan", "split_capture_sizes",
-]  # fmt: skip
+    "KERNEL_QUERIES",
+    "PLATFORM_BRANCHING_MODULES",
+    "KdaMixedStep",
+    "ManagerInputs",
+    "SeamChanged",
+    "capability_family",
+    "capture_arguments",
+    "capture_on_cpu",
+    "capture_plan",
+    "config_failure",
+    "cpu_capture_edges",
+    "cuda_platform_class",
+    "cudagraph_module",
+    "derive_capture_sizes",
+    "fault_at_boot",
+    "graph_pool_stub",
+    "import_under_machine_platform",
+    "inspect_architecture",
+    "kda_layer_class",
+    "kda_mixed_step",
+    "kernel_library_answers",
+    "loads_drafter",
+    "manager_features",
+    "manager_inputs",
+    "model_class",
+    "model_import_error",
+    "new_manager",
+    "platform_bound",
+    "proposer_class_path",
+    "replayed_plan",
+    "split_capture_sizes",
+]

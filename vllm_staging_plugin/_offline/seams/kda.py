@@ -11,8 +11,8 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from ... import suspended
+from ..internal import SeamChanged
 from ..scoped import attributes
-from .changed import SeamChanged
 from .config import model_class
 
 
@@ -77,8 +77,11 @@ def _kda_layer_class(vllm_config: Any, model_cls: Any) -> Any:
 
         return type(cls.__name__, (), {"__new__": build})
 
-    layers = {name: recorder(obj) for name, obj in vars(module).items()
-              if isinstance(obj, type) and issubclass(obj, MambaBase)}  # fmt: skip
+    layers = {
+        name: recorder(obj)
+        for name, obj in vars(module).items()
+        if isinstance(obj, type) and issubclass(obj, MambaBase)
+    }
     try:
         with attributes(module, layers), set_current_vllm_config(vllm_config):
             decoder(text, vllm_config, prefix=f"model.layers.{index}")
@@ -172,18 +175,26 @@ def kda_mixed_step(
     starts = torch.tensor([0, query, query + prefill], dtype=torch.int32)
     seq_lens = torch.tensor([16 + query, prefill], dtype=torch.int32)
     batch = CommonAttentionMetadata(
-        query_start_loc=starts, query_start_loc_cpu=starts.clone(), seq_lens=seq_lens, num_reqs=2,
-        num_actual_tokens=query + prefill, max_query_len=prefill, max_seq_len=16 + query,
+        query_start_loc=starts,
+        query_start_loc_cpu=starts.clone(),
+        seq_lens=seq_lens,
+        num_reqs=2,
+        num_actual_tokens=query + prefill,
+        max_query_len=prefill,
+        max_seq_len=16 + query,
         block_table_tensor=torch.arange(1, 1 + 2 * blocks, dtype=torch.int32).view(2, blocks),
         slot_mapping=torch.zeros(query + prefill, dtype=torch.int64),
-        is_prefilling=torch.tensor([False, True]), seq_lens_cpu_upper_bound=seq_lens.clone(),
-    )  # fmt: skip
+        is_prefilling=torch.tensor([False, True]),
+        seq_lens_cpu_upper_bound=seq_lens.clone(),
+    )
     with set_current_vllm_config(vllm_config), _host_copies():
         builder = builder_cls(spec, ["kda-probe"], vllm_config, torch.device("cpu"))
         metadata = builder.build(
-            0, batch, num_accepted_tokens=torch.ones(2, dtype=torch.int32),
+            0,
+            batch,
+            num_accepted_tokens=torch.ones(2, dtype=torch.int32),
             num_decode_draft_tokens_cpu=torch.tensor([num_spec, -1], dtype=torch.int32),
-        )  # fmt: skip
+        )
     index = metadata.spec_state_indices_tensor
     if index is None or metadata.num_spec_decodes != 1 or not metadata.num_prefills:
         raise SeamChanged(

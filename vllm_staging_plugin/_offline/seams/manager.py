@@ -12,8 +12,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..._engine import compat
+from ..internal import SeamChanged
 from ..scoped import attributes
-from .changed import SeamChanged
 
 
 def cudagraph_module() -> types.ModuleType:
@@ -43,16 +43,22 @@ def new_manager(
     import torch
     from vllm.config.compilation import CUDAGraphMode
 
-    knobs: dict[str, Any] = {"lora_capture_cases": lora_capture_cases, "varlen_decode": varlen_decode or None,
-                             "ubatch_runner": ubatch_runner}  # fmt: skip
+    knobs: dict[str, Any] = {
+        "lora_capture_cases": lora_capture_cases,
+        "varlen_decode": varlen_decode or None,
+        "ubatch_runner": ubatch_runner,
+    }
     cls = cudagraph_module().ModelCudaGraphManager
     decode: Any = decode_query_len
     if "decode_query_lens" in compat.release_shape(cls).init_prefix:
         decode = vllm_config.get_decode_cudagraph_query_lens(decode_query_len)
     return cls(
-        vllm_config, torch.device("cpu"), CUDAGraphMode[cudagraph_mode], decode,
+        vllm_config,
+        torch.device("cpu"),
+        CUDAGraphMode[cudagraph_mode],
+        decode,
         **{name: value for name, value in knobs.items() if value},
-    )  # fmt: skip
+    )
 
 
 def capture_on_cpu(
@@ -83,10 +89,12 @@ def capture_on_cpu(
         "model_state": types.SimpleNamespace(prepare_dummy_inputs=lambda num_reqs, num_tokens: {}),
         "input_buffers": InputBuffers(max_num_seqs, rows, torch.device("cpu")),
         "intermediate_tensors": None if upstream is None else IntermediateTensors(upstream),
-        "block_tables": block_tables, "attn_groups": [], "has_lora": False,
+        "block_tables": block_tables,
+        "attn_groups": [],
+        "has_lora": False,
         "kv_cache_config": KVCacheConfig(num_blocks=0, kv_cache_tensors=[], kv_cache_groups=[]),
         "use_aux_hidden_state_outputs": aux_hidden_states,
-    }  # fmt: skip
+    }
     manager.capture(**capture_arguments(type(manager).capture, available))
 
 

@@ -86,8 +86,11 @@ def kernel_library_answers() -> Iterator[None]:
     import torch
     import vllm._custom_ops as ops
 
-    answers = {name: fn for name, fn in KERNEL_QUERIES.items()
-               if not hasattr(torch.ops._C, name) and hasattr(ops, name)}  # fmt: skip
+    answers = {
+        name: fn
+        for name, fn in KERNEL_QUERIES.items()
+        if not hasattr(torch.ops._C, name) and hasattr(ops, name)
+    }
     with attributes(ops, answers):
         yield
 
@@ -106,8 +109,10 @@ def platform_bound(machine: Any, platform: Any) -> Iterator[None]:
     # vllm.platforms binds current_platform only once resolved (else its module __getattr__ resolves it
     # lazily): attributes() puts back exactly that, bound or not
     try:
-        with attributes(vllm.platforms, {"current_platform": platform}), \
-                attributes(config_module, {"HAS_TRITON": True}):  # fmt: skip
+        with (
+            attributes(vllm.platforms, {"current_platform": platform}),
+            attributes(config_module, {"HAS_TRITON": True}),
+        ):
             _rebind(machine, platform)
             yield
     finally:
@@ -117,6 +122,10 @@ def platform_bound(machine: Any, platform: Any) -> Iterator[None]:
 def _rebind(old: Any, new: Any) -> None:
     for module in list(sys.modules.values()):
         name = getattr(module, "__name__", "")
-        if (isinstance(name, str) and name.startswith("vllm.") and name != "vllm.platforms"
-                and vars(module).get("current_platform") is old):  # fmt: skip
+        if (
+            isinstance(name, str)
+            and name.startswith("vllm.")
+            and name != "vllm.platforms"
+            and vars(module).get("current_platform") is old
+        ):
             setattr(module, "current_platform", new)  # noqa: B010
