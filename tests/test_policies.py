@@ -137,8 +137,8 @@ def test_a_package_order_across_the_modes_is_told_every_mode_by_name_in_vllms_or
 @pytest.mark.parametrize(
     ("result", "message"),
     [
-        (lambda d: list(d["FULL"]), "returned 4 descriptors that are not a permutation of the 9 it was given "
-                                    "for the capture sequence"),
+        (lambda d: list(d["FULL"]), "order policy 'backwards' returned 4 descriptors that are not a "
+                                    "permutation of the 9 it was given for the capture sequence"),
         (lambda d: [*d["FULL"], *d["FULL"], d["PIECEWISE"][0]], "returned 9 descriptors that are not"),
         (lambda d: 1 / 0, "order policy 'backwards' failed for the capture sequence: ZeroDivisionError"),
     ],

@@ -91,7 +91,7 @@ def run(
     early = check_model_early(argv)
     checked: set[tuple[str, str | None]] = {(early, None)} if early else set()  # (model, revision): once
     from .. import cpu_replay  # torch and vLLM: only once the arguments look right
-    from .replay import replay_arm, replay_stock
+    from .replay import replay_stock
 
     versions = compat.installed_versions()
     if versions["vllm"] is None:
@@ -133,15 +133,10 @@ def run(
             compat.manager_class(seams.cudagraph_module())
         except compat.IncompatibleVllm as exc:
             raise CannotCheckHere(f"this vLLM has no supported manager: {exc}") from exc
-        inputs = seams.manager_inputs(vllm_config)
         parallel = vllm_config.parallel_config
-        stages: list[StageResult] = []
+        settings = cpu_replay.arm_settings(order, kda_fix=kda_fix)
         with phases.phase("replay"):
-            runs = replay_stock(vllm_config, inputs)
-            settings = cpu_replay.arm_settings(order, kda_fix=kda_fix)
-            for run in runs:
-                plugin = replay_arm(vllm_config, inputs, patched=True, stage=run.stage, settings=settings)
-                stages.append(StageResult(run.stage.index, run.stage.staged, run.arm, plugin))
+            inputs, stages = _replayed(vllm_config, settings)
             kda_step, kda_step_error = _kda_step(vllm_config)
             kda_plugin = (
                 _kda_step(vllm_config, settings)[0] if kda_step is not None and kda_step.faults else None
@@ -150,7 +145,7 @@ def run(
         if kda_step is not None and kda_step.faults:
             with phases.phase("serving fix"):
                 serving_fix = _without_replayssm(argv, configure, settings)
-        plan = runs[-1].arm.plan  # vLLM's own plan (the same at every stage)
+        plan = stages[-1].stock.plan  # vLLM's own plan (the same at every stage)
         compilation = vllm_config.compilation_config
         sizes = sorted(compilation.cudagraph_capture_sizes or [])
         fix = None
@@ -242,18 +237,32 @@ def _without_replayssm(argv: Sequence[str], configure: Any, settings: Any) -> Se
     """The arguments without ``--use-replayssm`` through the whole check again: vLLM's config, both arms
     at every stage and the serving question (the KDA fault's first fix, verified, not assumed)."""
     from .. import cpu_replay
-    from .replay import replay_arm, replay_stock
 
     words = [w for w in argv if w.split("=", 1)[0] not in REPLAYSSM_FLAGS]
     config = configure(words)
-    inputs = seams.manager_inputs(config)
-    runs = replay_stock(config, inputs)
-    capacity = workaround.widest(runs[-1].arm.plan)
-    plugin = [replay_arm(config, inputs, patched=True, stage=run.stage, settings=settings) for run in runs]
-    plugin_boots = all(arm.ok and cpu_replay.buffers_hold(arm.buffers, capacity) for arm in plugin)
+    stages = _replayed(config, settings)[1]
+    capacity = workaround.widest(stages[-1].stock.plan)
+    plugin_boots = all(s.plugin.ok and cpu_replay.buffers_hold(s.plugin.buffers, capacity) for s in stages)
     step, error = _kda_step(config)
     serves = None if error is not None else (step is None or not step.faults)
-    return ServingFix(words, all(run.arm.ok for run in runs), plugin_boots, serves)
+    return ServingFix(words, all(s.stock.ok for s in stages), plugin_boots, serves)
+
+
+def _replayed(vllm_config: Any, settings: Settings) -> tuple[seams.ManagerInputs, list[StageResult]]:
+    """Both arms at every pipeline stage: stock in vLLM's own order, then the plugin with ``settings``."""
+    from .replay import replay_arm, replay_stock
+
+    inputs = seams.manager_inputs(vllm_config)
+    stages = [
+        StageResult(
+            run.stage.index,
+            run.stage.staged,
+            run.arm,
+            replay_arm(vllm_config, inputs, patched=True, stage=run.stage, settings=settings),
+        )
+        for run in replay_stock(vllm_config, inputs)
+    ]
+    return inputs, stages
 
 
 def _query_lengths(vllm_config: Any) -> list[int]:

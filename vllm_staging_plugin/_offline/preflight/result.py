@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from ... import __version__
@@ -31,14 +31,6 @@ class ServingFix:
     stock_boots: bool
     plugin_boots: bool
     serves: bool | None  # None: the serving question could not be answered on them either
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "serve_arguments": self.serve_arguments,
-            "stock_boots": self.stock_boots,
-            "plugin_boots": self.plugin_boots,
-            "serves": self.serves,
-        }
 
 
 @dataclass
@@ -264,7 +256,7 @@ class Preflight:
         was checked, the answer and the report's advice lines."""
         step = self.kda_step
         advice = [line for line in self.serve_lines() if line]
-        fix = self.serving_fix.to_json() if self.serving_fix else None
+        fix = asdict(self.serving_fix) if self.serving_fix else None
         if step is None:
             applies = None if self.kda_step_error is not None else False
             return {
