@@ -37,6 +37,7 @@ DEFAULT_LOADED = [
     "vllm_staging_plugin._engine.import_hook",
     "vllm_staging_plugin._engine.installer",
     "vllm_staging_plugin._engine.kda_fix",
+    "vllm_staging_plugin._engine.registry",
     "vllm_staging_plugin._engine.runner_guard",
     "vllm_staging_plugin._engine.settings",
     "vllm_staging_plugin._engine.sizing",

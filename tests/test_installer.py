@@ -25,7 +25,8 @@ from fakes import (
 from stable import assert_says
 
 import vllm_staging_plugin
-from vllm_staging_plugin._engine import compat
+from vllm_staging_plugin._engine import compat, registry
+from vllm_staging_plugin._engine.fix import V1_RUNNER_BUILT, ClassWrap, RuntimeFix, plugin_wrapper
 from vllm_staging_plugin._engine.import_hook import PostImportHook
 from vllm_staging_plugin._engine.installer import RAY_PREFIXES_VARIABLE, Installer
 from vllm_staging_plugin._engine.kda_fix import KdaFix
@@ -383,3 +384,46 @@ def test_suspended_gives_vllm_its_own_class_and_then_the_same_wrappers(
     vllm_staging_plugin.unregister()
     with vllm_staging_plugin.suspended():  # nothing registered: nothing to do
         assert not is_patched(cls)
+
+
+def test_a_fourth_fix_is_one_class_and_one_registry_entry(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Adding a fix touches no other fix and not the installer: its class and one registry entry do."""
+
+    class Target:
+        def step(self) -> str:
+            return "vllm"
+
+    module = types.ModuleType("vllm_fourth_module")
+    module.Target = Target  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, module.__name__, module)
+    retired: list[str] = []
+
+    class Fourth(RuntimeFix):
+        module = "vllm_fourth_module"
+        target = "Target"
+        methods = ("step",)
+        retired_by = frozenset({V1_RUNNER_BUILT})
+
+        def wrappers(self, wrap: ClassWrap) -> dict[str, Any]:
+            original = wrap.original["step"]
+
+            @plugin_wrapper(original)
+            def step(obj: Any) -> str:
+                return f"plugin+{original(obj)}" if wrap.live else str(original(obj))
+
+            return {"step": step}
+
+        def retire(self) -> None:
+            retired.append(type(self).__name__)
+            super().retire()
+
+    monkeypatch.setattr(registry, "FIXES", (*registry.FIXES, Fourth))
+    installer = Installer(Settings())
+    try:
+        installer.install()
+        assert Target().step() == "plugin+vllm" and isinstance(installer.fixes[-1], Fourth)
+        installer.notify(V1_RUNNER_BUILT)  # another fix's event reaches it
+        assert retired == ["Fourth"]
+    finally:
+        installer.uninstall()
+    assert Target().step() == "vllm" and not hasattr(vars(Target)["step"], "__wrapped__")

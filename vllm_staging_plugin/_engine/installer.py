@@ -1,6 +1,6 @@
 """One object owns every change the plugin makes to a process; :meth:`Installer.uninstall` is its inverse.
 
-It starts each fix of :data:`FIXES` the settings enable and passes their events to one another. The
+It starts each fix of :data:`.registry.FIXES` the settings enable and passes their events to one another. The
 offline tools suspend it for a block (:meth:`suspended`) instead of stacking a second layer of wrappers.
 
 Registry entries of its own two changes:
@@ -22,11 +22,9 @@ from collections.abc import Iterator, MutableMapping
 from contextlib import contextmanager
 from typing import TYPE_CHECKING
 
+from . import registry
 from .fix import RuntimeFix
-from .kda_fix import KdaFix
-from .runner_guard import V1RunnerGuard
 from .settings import DEFAULT_ORDER, ENV_ORDER, Settings
-from .staging_fix import StagingFix
 
 if TYPE_CHECKING:
     from .policies import PolicyRegistry
@@ -69,7 +67,7 @@ class Installer:
                 )
             return
         if not self.fixes:
-            enabled = (fix for fix in FIXES if fix.enabled(self.settings))
+            enabled = (fix for fix in registry.FIXES if fix.enabled(self.settings))
             self.fixes = tuple(fix(self.settings, self.notify, self.policies) for fix in enabled)
         for fix in self.fixes:
             fix.start()
@@ -127,7 +125,3 @@ class Installer:
             self.environ.pop(RAY_PREFIXES_VARIABLE, None)
         else:
             self.environ[RAY_PREFIXES_VARIABLE] = previous
-
-
-FIXES: tuple[type[RuntimeFix], ...] = (StagingFix, V1RunnerGuard, KdaFix)
-"""Every runtime fix, in start order; each says whether the settings enable it."""
