@@ -87,7 +87,8 @@ def _model_is_moe(vllm_config: Any) -> bool:
 
 def check(mine: dict[str, Any], store: Any, rank: int, ranks: Sequence[int], wait_seconds: float) -> int:
     """Publish ``mine`` as ``rank``, compare with each of ``ranks``; :class:`AgreementError` on a split.
-    The store counts each rank's rounds, so coupled ranks meet in the same round."""
+    The store counts each rank's rounds, so coupled ranks meet in the same round, also after the plugin
+    was registered again in a live process group."""
     namespace = f"{KEY_PREFIX}/{ranks[0]}-{ranks[-1]}"
     round_ = int(store.add(f"{namespace}/rounds/{rank}", 1)) - 1
     prefix = f"{namespace}/{round_}"

@@ -67,7 +67,8 @@ class PostImportHook(importlib.abc.MetaPathFinder):
 
 def when_imported(fullname: str, callback: Callback) -> PostImportHook | None:
     """Call ``callback(module)`` now if ``fullname`` is imported, else right after its import; returns the
-    hook left waiting (None when the callback already ran), which the caller removes if it should not fire."""
+    hook left waiting (None when the callback already ran), which the caller removes if it should not fire.
+    Hooks of several callers for one module all fire, each wrapping the loader the next one found."""
     module = sys.modules.get(fullname)
     if module is not None:
         callback(module)

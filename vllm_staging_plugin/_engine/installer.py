@@ -1,7 +1,7 @@
 """One object owns every change the plugin makes to a process; :meth:`Installer.uninstall` is its inverse.
 
-It starts each fix of :data:`.registry.FIXES` the settings enable and passes their events to one another. The
-offline tools suspend it for a block (:meth:`suspended`) instead of stacking a second layer of wrappers.
+It starts each fix of :data:`.registry.FIXES` the settings enable and passes their events to one another.
+The offline tools suspend it for a block (:meth:`suspended`) instead of stacking a second layer of wrappers.
 
 Registry entries of its own two changes:
 
@@ -9,9 +9,10 @@ Registry entries of its own two changes:
     Why: ``register()`` must not import torch or vLLM. How: each hook waits for its fix's module and
     leaves when it fires or its fix retires. Upstream PR: none. Removal: with the fixes.
 ``VLLM_RAY_EXTRA_ENV_VAR_PREFIXES_TO_COPY`` (only when a ``STAGING_PLUGIN_*`` variable is set)
-    Why: vLLM's Ray paths copy only listed prefixes to Ray actors. How: ``STAGING_PLUGIN_`` appended, the
-    operator's list put back exactly on uninstall. Upstream PR: none (vLLM's extension point).
-    Removal: when every supported Ray path copies the environment.
+    Why: vLLM's ``RayDistributedExecutor`` and data-parallel Ray backend copy only listed prefixes to Ray
+    actors. How: ``STAGING_PLUGIN_`` appended, the operator's list put back exactly on uninstall.
+    Upstream PR: none (vLLM's extension point). Removal: when every supported Ray path copies the
+    environment.
 """
 
 from __future__ import annotations

@@ -1,6 +1,7 @@
 """Change a process for one block and put it back exactly, also when the block raises.
 
-``seams/platform.py`` undoes its two platform changes by hand (docs/design.md).
+``seams/platform.py`` undoes its two platform changes by hand (docs/design.md, "Layout: which code runs
+where").
 """
 
 from __future__ import annotations
