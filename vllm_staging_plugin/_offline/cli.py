@@ -129,7 +129,7 @@ def patch_command(args: argparse.Namespace) -> int:
     try:
         result = vllm_patches.plan(args.name, reverse=args.revert)
     except vllm_patches.PatchError as exc:
-        return say_error(PATCH_PROG, Exit.FAILS, "", str(exc), as_json=False, labelled=False)
+        return _patch_error(Exit.FAILS, str(exc))
     words = PATCH_STATES[args.revert]
     if _not_needed(args.name, result.fits):
         print(NOT_NEEDED)
@@ -139,13 +139,13 @@ def patch_command(args: argparse.Namespace) -> int:
             print(f"{words[state]}: {path}")
     if not result.fits:
         unfit = f"it does not fit this vLLM ({vllm_patches.releases_of(args.name)}); nothing was written"
-        return say_error(PATCH_PROG, Exit.FAILS, "", unfit, as_json=False, labelled=False)
+        return _patch_error(Exit.FAILS, unfit)
     if args.dry_run or not result.results:
         return 0
     try:
         vllm_patches.write(result)
     except vllm_patches.PatchError as exc:
-        return say_error(PATCH_PROG, Exit.FAILS, "", str(exc), as_json=False, labelled=False)
+        return _patch_error(Exit.FAILS, str(exc))
     files = ", ".join(str(path) for path in result.results)
     if args.revert:
         print(
@@ -157,6 +157,11 @@ def patch_command(args: argparse.Namespace) -> int:
             f"undo with `vllm-staging-plugin patch {args.name} --revert`"
         )
     return 0
+
+
+def _patch_error(code: Exit, message: str) -> int:
+    """``patch`` has no ``--json``: its errors are one line on stderr."""
+    return say_error(PATCH_PROG, code, "", message, as_json=False, labelled=False)
 
 
 def _not_needed(name: str, fits: bool) -> bool:
@@ -471,7 +476,7 @@ def _run(parser: argparse.ArgumentParser, words: list[str], serve_args: list[str
             _missing_vllm(PATCHES[args.name].releases) if args.apply or args.revert or args.dry_run else None
         )
         if missing is not None:
-            return say_error(PATCH_PROG, Exit.CANNOT_CHECK, "", missing, as_json=False, labelled=False)
+            return _patch_error(Exit.CANNOT_CHECK, missing)
         return patch_command(args)
     if serve_args is not None and not serve_args:
         _refuse(f"nothing after `--`: {PREFLIGHT_FORM}", args.json)

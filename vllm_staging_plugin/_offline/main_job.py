@@ -33,7 +33,7 @@ class Replays:
 
     @property
     def patched_full(self) -> bool:
-        return self.patched.ok and cpu_replay.buffers_hold(self.patched.buffers, self.patched.capacity)
+        return self.patched.holds(self.patched.capacity)
 
 
 @dataclass

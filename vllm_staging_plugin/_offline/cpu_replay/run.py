@@ -54,10 +54,9 @@ class ReplayResult:
     allocated_by: str | None = None  # the descriptor whose output vLLM's lazy staging sized from
     failed_at: str | None = None  # the descriptor whose forward raised
 
-
-def buffers_hold(buffers: dict[str, dict[str, Any]], rows: int) -> bool:
-    """Every staging buffer of a replay (``ReplayResult.buffers``, the pre-flight's arms) holds ``rows``."""
-    return all(b["rows"] >= rows for b in buffers.values())
+    def holds(self, rows: int) -> bool:
+        """The capture completed and every staging buffer it left holds ``rows``."""
+        return self.ok and all(b["rows"] >= rows for b in self.buffers.values())
 
 
 STAGING_COPY_ERROR = "must match the existing size"  # torch's words when the staging copy does not fit

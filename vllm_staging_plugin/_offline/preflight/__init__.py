@@ -236,13 +236,11 @@ REPLAYSSM_FLAGS = ("--use-replayssm", "--use_replayssm")
 def _without_replayssm(argv: Sequence[str], configure: Any, settings: Any) -> ServingFix:
     """The arguments without ``--use-replayssm`` through the whole check again: vLLM's config, both arms
     at every stage and the serving question (the KDA fault's first fix, verified, not assumed)."""
-    from .. import cpu_replay
-
     words = [w for w in argv if w.split("=", 1)[0] not in REPLAYSSM_FLAGS]
     config = configure(words)
     stages = _replayed(config, settings)[1]
     capacity = workaround.widest(stages[-1].stock.plan)
-    plugin_boots = all(s.plugin.ok and cpu_replay.buffers_hold(s.plugin.buffers, capacity) for s in stages)
+    plugin_boots = all(s.plugin.holds(capacity) for s in stages)
     step, error = _kda_step(config)
     serves = None if error is not None else (step is None or not step.faults)
     return ServingFix(words, all(s.stock.ok for s in stages), plugin_boots, serves)

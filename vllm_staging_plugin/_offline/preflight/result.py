@@ -152,14 +152,9 @@ class Preflight:
         )
         return [f"        (without --use-replayssm: checked again, it serves and {boots})"]
 
-    def _fits(self, arm: ReplayResult) -> bool:
-        from ..cpu_replay import buffers_hold
-
-        return arm.ok and buffers_hold(arm.buffers, self.capacity)
-
     @property
     def plugin_boots(self) -> bool:
-        return all(self._fits(s.plugin) for s in self.stages)
+        return all(s.plugin.holds(self.capacity) for s in self.stages)
 
     @property
     def ranks_replayed(self) -> str:
@@ -229,7 +224,7 @@ class Preflight:
                     "stage": s.index,
                     "staged": s.staged,
                     "stock_ok": s.stock.ok,
-                    "plugin_ok": self._fits(s.plugin),
+                    "plugin_ok": s.plugin.holds(self.capacity),
                     "buffers": s.plugin.buffers,
                 }
                 for s in self.stages
