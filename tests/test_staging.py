@@ -12,7 +12,7 @@ from fakes import FULL, PIECEWISE, build, config, descs, install_fake_module, po
 from stable import assert_says
 
 import vllm_staging_plugin
-from vllm_staging_plugin._engine import staging
+from vllm_staging_plugin._engine import compat, staging
 from vllm_staging_plugin._engine.settings import Settings
 from vllm_staging_plugin._engine.staging import StagingError
 
@@ -120,7 +120,7 @@ def test_the_capture_time_view_is_one_look_alike_subclass(
     assert seen[0] is seen[1] and seen[0] is not cls and issubclass(seen[0], cls)
     assert type(first) is cls  # vLLM's class again after the capture
     assert {name for name in vars(seen[0]) if isinstance(vars(seen[0])[name], staging._StagingSlot)} == set(
-        staging.STAGING_ATTRS
+        compat.STAGING_INITIAL
     )
     sub = type("ModelCudaGraphManager", (cls,), {})  # an out-of-tree subclass: a view of its own
     build(sub).capture()

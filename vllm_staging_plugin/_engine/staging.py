@@ -15,11 +15,9 @@ from typing import Any
 
 import torch
 
-from .compat import STAGING_INITIAL
 from .settings import DEFAULT_ORDER, ENV_ORDER, Settings
 from .sizing import CAPTURE_MODE_ORDER, Descriptor, staging_bytes
 
-STAGING_ATTRS = tuple(STAGING_INITIAL)
 STATE_ATTR = "_vllm_staging"  # per manager: its ManagerState, in the instance __dict__
 
 

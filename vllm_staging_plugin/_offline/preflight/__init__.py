@@ -211,7 +211,6 @@ def _kda_step(vllm_config: Any, settings: Settings | None = None) -> tuple[Any, 
     with the plugin's own KDA state-slot fix when ``settings`` turn it on; a check that cannot be made
     here is reported, never fatal."""
     from ..._engine.kda_fix import KdaFix
-    from .. import seams
 
     adjust = None
     if settings is not None and settings.kda_fix == "on":
