@@ -1,8 +1,9 @@
 """An older vLLM release's Python files overlaid on this environment, for the compat matrix's tests and the
-atlas's worker processes: its wheel downloaded without dependencies and extracted without its compiled
-extensions (they need a GPU driver; nothing run here does), only the pinned packages it needs installed
-(tools/compat-packages.txt: exact versions and wheel hashes), and the plugin's own structure check asked
-whether it would patch. A development tool: nothing in vLLM's processes imports it."""
+atlas's worker processes: its wheel downloaded without dependencies and extracted without compiled files
+or C++/CUDA sources (extensions need a GPU driver; nothing run here loads or builds them), only the pinned
+packages it needs installed (tools/compat-packages.txt: exact versions and wheel hashes), and the plugin's
+own structure check asked whether it would patch. A development tool: nothing in vLLM's processes
+imports it."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import re
 import shutil
 import subprocess
 import sys
+import tempfile
 import zipfile
 from pathlib import Path
 
@@ -18,6 +20,7 @@ from .releases import span
 
 PROBE = "atlas.probe"  # run with python -m in the overlaid environment, tools/ last on its path
 TOOLS = Path(__file__).resolve().parent.parent
+NATIVE_SOURCES = {".c", ".cc", ".cpp", ".cu", ".cuh", ".h", ".hpp", ".inl"}
 MISSING = re.compile(r"No module named '([\w.]+)'|requires \"([\w.-]+)\" to be installed")
 PIN = re.compile(
     r"(?P<releases>\S+)\s+(?P<name>[A-Za-z0-9][A-Za-z0-9._-]*)==(?P<version>[A-Za-z0-9.+!_-]+)"
@@ -26,24 +29,36 @@ PIN = re.compile(
 
 
 def overlay(version: str, cache: Path) -> tuple[Path, str]:
-    """The release's Python files, extracted once under ``cache``; returns (folder, torch requirement)."""
+    """The release's Python files, extracted once under ``cache``; returns (folder, torch requirement).
+
+    The wheel is downloaded to a temporary folder and dropped once read: kept, seven releases' wheels
+    would take 2.3 GB of a CI machine's disk. Compiled files (extensions, the vllm-rs binary: ELF) and
+    C++/CUDA sources stay in the wheel: nothing run here loads or builds them (190 MB -> 50 MB a release).
+    """
     target = cache / f"vllm-{version}"
-    wheels = cache / "wheels"
     if not (target / "vllm").is_dir():
-        wheels.mkdir(parents=True, exist_ok=True)
-        found = list(wheels.glob(f"vllm-{version}-*.whl"))
-        if not found:
+        cache.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(dir=cache) as download:
             subprocess.run(
-                [sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:",
-                 "--python-version", "3.11", "-d", str(wheels), f"vllm=={version}"],
+                [sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--no-cache-dir",
+                 "--only-binary=:all:", "--python-version", "3.11", "-d", download, f"vllm=={version}"],
                 check=True, capture_output=True,
             )  # fmt: skip
-            found = list(wheels.glob(f"vllm-{version}-*.whl"))
-        with zipfile.ZipFile(found[0]) as wheel:
-            wheel.extractall(target, [n for n in wheel.namelist() if not n.endswith(".so")])
+            with zipfile.ZipFile(next(Path(download).glob(f"vllm-{version}-*.whl"))) as wheel:
+                wheel.extractall(target, [n for n in wheel.namelist() if _readable(wheel, n)])
     metadata = next(target.glob("vllm-*.dist-info/METADATA")).read_text()
     torch = re.search(r"^Requires-Dist: (torch\s*[=<>!~][^;\n]*)", metadata, re.M)
     return target, torch.group(1).replace(" ", "") if torch else "?"
+
+
+def _readable(wheel: zipfile.ZipFile, name: str) -> bool:
+    """Whether the overlay keeps ``name``: anything but C++/CUDA sources and ELF files."""
+    if name.endswith("/"):
+        return True
+    if Path(name).suffix in NATIVE_SOURCES:
+        return False
+    with wheel.open(name) as member:
+        return member.read(4) != b"\x7fELF"
 
 
 def pins(version: str, path: Path) -> list[str]:
