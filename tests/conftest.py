@@ -22,6 +22,7 @@ import pytest
 from childproc import once_per_run
 from configs import ARCHITECTURES
 from fakes import patched_copy
+from wrappers import is_patched
 
 CACHE_VARIABLE = "VLLM_CACHE_ROOT"
 _cache_key = pytest.StashKey[str | None]()  # the variable's value before the run
@@ -114,14 +115,13 @@ def clean_plugin_state(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
             monkeypatch.delenv(key)
     yield
     import vllm_staging_plugin
-    from vllm_staging_plugin._engine.fix import is_plugin_wrapper
     from vllm_staging_plugin._engine.import_hook import PostImportHook
 
     vllm_staging_plugin.unregister()  # no test may leak a wrapped class, a hook or the Ray variable
     assert not [f for f in sys.meta_path if isinstance(f, PostImportHook)]
     module = sys.modules.get("vllm.v1.worker.gpu.cudagraph_utils")
     cls = getattr(module, "ModelCudaGraphManager", None)
-    assert cls is None or not any(is_plugin_wrapper(cls.__dict__.get(n)) for n in ("__init__", "capture"))
+    assert not is_patched(cls)
 
 
 @pytest.fixture

@@ -118,13 +118,6 @@ def config() -> Any:
     return types.SimpleNamespace(compilation_config=compilation, model_config=None)
 
 
-def is_patched(cls: type) -> bool:
-    """Whether the plugin's wrappers sit in ``cls``'s own ``__dict__``."""
-    from vllm_staging_plugin._engine.fix import is_plugin_wrapper
-
-    return any(is_plugin_wrapper(cls.__dict__.get(name)) for name in ("__init__", "capture"))
-
-
 def installed() -> Any:
     """The process's installer that ``register()`` built (None before it, or after ``unregister()``)."""
     import vllm_staging_plugin

@@ -17,10 +17,10 @@ from configs import K3_4_LAYERS, K3_DRAFTERS, KIMI_LINEAR_4_LAYERS, KIMI_LINEAR_
 from fakes import installed_fix
 from stable import assert_says
 from vllm_configs import NGRAM_8, check_platform, vllm_config
+from wrappers import is_plugin_wrapper
 
 import vllm_staging_plugin
 from vllm_staging_plugin._engine import kda_fix
-from vllm_staging_plugin._engine.fix import is_plugin_wrapper
 from vllm_staging_plugin._offline import seams, vllm_patches
 from vllm_staging_plugin._offline.preflight.refusals import BadArguments
 from vllm_staging_plugin._offline.scoped import items

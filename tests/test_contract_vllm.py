@@ -11,9 +11,10 @@ from typing import Any
 
 import pytest
 import torch
-from fakes import installed, is_patched, policy_order
+from fakes import installed, policy_order
 from release import SIZES_STAGING  # 0.34.0: any order boots stock code; the plugin leaves the buffers
 from replays import Reorder, ascending, replay
+from wrappers import is_patched
 
 pytest.importorskip("vllm.v1.worker.gpu.cudagraph_utils")
 

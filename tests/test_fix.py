@@ -1,5 +1,5 @@
-"""The base of every runtime fix: replacing methods of a class and putting back exactly what was there (the
-wrapper mark, a foreign wrapper left alone on restore, suspend and resume with the same functions), and the
+"""The base of every runtime fix: replacing methods of a class and putting back exactly what was there (a
+foreign wrapper left alone on restore, suspend and resume with the same functions), and the
 fix's own life: installed when its module is imported, never breaking that import, strict or one warning."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from vllm_staging_plugin._engine.fix import MARK, ClassWrap, RuntimeFix, is_plugin_wrapper, plugin_wrapper
+from vllm_staging_plugin._engine.fix import ClassWrap, RuntimeFix
 from vllm_staging_plugin._engine.settings import Settings
 
 
@@ -21,7 +21,7 @@ def vllms(self: Any, x: int) -> int:
 
 
 def layer(original: Any) -> Any:
-    @plugin_wrapper(original)
+    @functools.wraps(original)
     def wrapper(self: Any, x: int) -> int:
         return original(self, x) + 1
 
@@ -29,28 +29,11 @@ def layer(original: Any) -> Any:
 
 
 def foreign(original: Any) -> Any:
-    @functools.wraps(original)  # copies __dict__, the mark included
+    @functools.wraps(original)
     def theirs(self: Any, x: int) -> int:
         return original(self, x) * 10
 
     return theirs
-
-
-def test_the_mark_is_the_wrapper_itself() -> None:
-    ours = layer(vllms)
-    assert is_plugin_wrapper(ours) and getattr(ours, MARK) is ours
-    assert (ours.__name__, ours.__doc__, ours.__wrapped__) == ("vllms", "vLLM's own.", vllms)
-    assert not is_plugin_wrapper(vllms) and not is_plugin_wrapper(3)
-
-
-def test_none_is_not_a_plugin_wrapper() -> None:
-    assert not is_plugin_wrapper(None)
-
-
-def test_a_foreign_functools_wraps_copy_is_not_a_plugin_wrapper() -> None:
-    theirs = foreign(layer(vllms))
-    assert getattr(theirs, MARK) is not None  # the mark was copied ...
-    assert not is_plugin_wrapper(theirs)  # ... but it names another function
 
 
 def test_apply_and_restore_put_back_exactly_what_the_class_held() -> None:
@@ -151,7 +134,7 @@ class Doubling(RuntimeFix):
     def wrappers(self, wrap: ClassWrap) -> dict[str, Any]:
         original = wrap.original["twice"]
 
-        @plugin_wrapper(original)
+        @functools.wraps(original)
         def twice(thing: Any, x: int) -> int:
             return original(thing, x) * 2 if wrap.live else original(thing, x)
 
@@ -172,7 +155,8 @@ def test_a_fix_installs_on_its_module_and_uninstalls_exactly(caplog: pytest.LogC
     cls = _thing()
     fix = Doubling(Settings())
     fix.install(_module(Thing=cls))
-    assert cls().twice(3) == 6 and is_plugin_wrapper(cls.__dict__["twice"])
+    assert cls().twice(3) == 6 and fix.wrap is not None
+    assert cls.__dict__["twice"] is fix.wrap.replacements["twice"]  # the fix's own wrapper
     assert fix.uninstall() == [] and cls().twice(3) == 3 and fix.wrap is None
 
 

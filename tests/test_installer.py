@@ -19,14 +19,14 @@ from fakes import (
     install_fake_module,
     installed,
     installed_fix,
-    is_patched,
     make_module,
 )
 from stable import assert_says
+from wrappers import is_patched
 
 import vllm_staging_plugin
 from vllm_staging_plugin._engine import compat, registry
-from vllm_staging_plugin._engine.fix import V1_RUNNER_BUILT, ClassWrap, RuntimeFix, plugin_wrapper
+from vllm_staging_plugin._engine.fix import V1_RUNNER_BUILT, ClassWrap, RuntimeFix
 from vllm_staging_plugin._engine.import_hook import PostImportHook
 from vllm_staging_plugin._engine.installer import RAY_PREFIXES_VARIABLE, Installer
 from vllm_staging_plugin._engine.kda_fix import KdaFix
@@ -407,7 +407,7 @@ def test_a_fourth_fix_is_one_class_and_one_registry_entry(monkeypatch: pytest.Mo
         def wrappers(self, wrap: ClassWrap) -> dict[str, Any]:
             original = wrap.original["step"]
 
-            @plugin_wrapper(original)
+            @functools.wraps(original)
             def step(obj: Any) -> str:
                 return f"plugin+{original(obj)}" if wrap.live else str(original(obj))
 

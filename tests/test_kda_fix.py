@@ -11,10 +11,10 @@ from typing import Any
 
 import pytest
 from stable import assert_says
+from wrappers import is_plugin_wrapper
 
 import vllm_staging_plugin
 from vllm_staging_plugin._engine import compat, kda_fix
-from vllm_staging_plugin._engine.fix import is_plugin_wrapper
 from vllm_staging_plugin._engine.kda_fix import KdaFix, KdaShapeError
 from vllm_staging_plugin._engine.settings import Settings
 

@@ -14,11 +14,12 @@ from typing import Any
 
 import pytest
 from configs import ARCHITECTURES, K3, KIMI_CRASH, KIMI_LINEAR_4_LAYERS, NO_WEIGHTS, QWEN3_0_6B, model_folder
-from fakes import installed, is_patched
+from fakes import installed
 from release import SIZES_STAGING
 
 pytest.importorskip("vllm.v1.worker.gpu.cudagraph_utils")
 from stable import assert_says
+from wrappers import is_patched, is_plugin_wrapper
 
 import vllm_staging_plugin
 from vllm_staging_plugin._offline import preflight, seams
@@ -262,8 +263,6 @@ def test_an_architecture_vllm_cannot_inspect_here_exits_3(
 def _process_state() -> dict[str, Any]:
     """What an in-process pre-flight must leave exactly as it found it."""
     import vllm.platforms
-
-    from vllm_staging_plugin._engine.fix import is_plugin_wrapper
 
     cls = seams.cudagraph_module().ModelCudaGraphManager
     process = installed()

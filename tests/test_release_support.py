@@ -9,7 +9,7 @@ import importlib
 from typing import Any
 
 import pytest
-from fakes import is_patched
+from wrappers import is_patched
 
 pytest.importorskip("vllm")
 

@@ -22,10 +22,10 @@ from fakes import (
     fresh_class,
     install_fake_module,
     installed_fix,
-    is_patched,
     make_module,
 )
 from stable import assert_says
+from wrappers import is_patched
 
 import vllm_staging_plugin
 from vllm_staging_plugin._engine import agreement, compat, staging

@@ -9,9 +9,10 @@ import os
 import sys
 from typing import Any
 
+from wrappers import is_patched
+
 import vllm_staging_plugin
 from children.harness import check, report
-from vllm_staging_plugin._engine.fix import is_plugin_wrapper
 
 
 def environment(plugins: str, **variables: str) -> None:
@@ -46,7 +47,7 @@ def capture(ascending: bool = False) -> dict[str, Any]:
         result = cpu_replay.run_capture(manager, cfg)
     cls = cu.ModelCudaGraphManager
     return {
-        "patched": any(is_plugin_wrapper(cls.__dict__[name]) for name in ("__init__", "capture")),
+        "patched": is_patched(cls),
         "registered": vllm_staging_plugin._installed is not None,
         "capacity_attr": getattr(staging.state_of(manager), "capacity", None),
         "ok": result.ok, "error": result.error,

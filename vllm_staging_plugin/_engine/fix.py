@@ -7,11 +7,10 @@ or warns once. Each subclass's module docstring is its registry entry: why, how,
 
 from __future__ import annotations
 
-import functools
 import logging
 from collections.abc import Callable, Mapping
 from types import ModuleType
-from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from .import_hook import PostImportHook, when_imported
 from .settings import ENV_STRICT, Settings
@@ -21,29 +20,11 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger("vllm.staging_plugin")
 
-MARK = "__vllm_staging_wrapper__"
 INHERITED: Any = object()  # what a class held for a method it inherits: restoring deletes the wrapper
-_F = TypeVar("_F", bound=Callable[..., Any])
 Notify = Callable[[str], None]
 # Events a fix reports (``notify``) and others retire on (``retired_by``): what this worker turned out to be.
 V2_MANAGER_BUILT = "v2-manager-built"  # it runs Model Runner V2: no V1 runner, its KV-cache specs are taken
 V1_RUNNER_BUILT = "v1-runner-built"  # it runs the V1 runner: it builds no graph manager
-
-
-def is_plugin_wrapper(function: Any) -> bool:
-    """The mark holds the wrapper itself: a foreign ``functools.wraps`` copies it, and so fails this test."""
-    return function is not None and getattr(function, MARK, None) is function
-
-
-def plugin_wrapper(original: Callable[..., Any]) -> Callable[[_F], _F]:
-    """``functools.wraps`` plus the mark :func:`is_plugin_wrapper` looks for."""
-
-    def decorate(wrapper: _F) -> _F:
-        functools.update_wrapper(wrapper, original)
-        setattr(wrapper, MARK, wrapper)
-        return wrapper
-
-    return decorate
 
 
 class ClassWrap:

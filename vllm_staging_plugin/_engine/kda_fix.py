@@ -17,12 +17,13 @@ Registry entry (vllm-ascend's fields):
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 from collections.abc import Callable
 from typing import Any, cast
 
 from . import compat
-from .fix import V2_MANAGER_BUILT, ClassWrap, RuntimeFix, plugin_wrapper
+from .fix import V2_MANAGER_BUILT, ClassWrap, RuntimeFix
 from .settings import ENV_KDA_FIX, ENV_STRICT, Settings
 
 logger = logging.getLogger("vllm.staging_plugin")
@@ -78,7 +79,7 @@ class KdaFix(RuntimeFix):
     def wrappers(self, wrap: ClassWrap) -> dict[str, Callable[..., Any]]:
         original = wrap.original[SPEC_METHOD]
 
-        @plugin_wrapper(original)
+        @functools.wraps(original)
         def get_kv_cache_spec(layer: Any, vllm_config: Any, *args: Any, **kwargs: Any) -> Any:
             spec = original(layer, vllm_config, *args, **kwargs)
             if not wrap.live:

@@ -11,12 +11,13 @@ Registry entry (vllm-ascend's fields):
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Callable
 from types import ModuleType
 from typing import Any
 
-from .fix import V1_RUNNER_BUILT, V2_MANAGER_BUILT, ClassWrap, RuntimeFix, plugin_wrapper
+from .fix import V1_RUNNER_BUILT, V2_MANAGER_BUILT, ClassWrap, RuntimeFix
 from .settings import DEFAULT_ORDER, ENV_ORDER, ENV_STRICT
 
 logger = logging.getLogger("vllm.staging_plugin")
@@ -73,7 +74,7 @@ class V1RunnerGuard(RuntimeFix):
     def wrappers(self, wrap: ClassWrap) -> dict[str, Callable[..., Any]]:
         cls, original = wrap.cls, wrap.original["__init__"]
 
-        @plugin_wrapper(original)
+        @functools.wraps(original)
         def __init__(runner: Any, *args: Any, **kwargs: Any) -> None:
             # not the CPU/XPU runners that subclass it: no CUDA graphs to stage there
             if type(runner) is cls and wrap.live:

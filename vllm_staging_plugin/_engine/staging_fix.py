@@ -18,13 +18,14 @@ Registry entry (vllm-ascend's fields):
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, nullcontext
 from typing import TYPE_CHECKING, Any
 
 from . import compat
-from .fix import V1_RUNNER_BUILT, V2_MANAGER_BUILT, ClassWrap, Notify, RuntimeFix, plugin_wrapper
+from .fix import V1_RUNNER_BUILT, V2_MANAGER_BUILT, ClassWrap, Notify, RuntimeFix
 from .settings import DEFAULT_ORDER, ENV_ORDER, ENV_STRICT, Settings
 from .sizing import staging_capacity
 
@@ -83,7 +84,7 @@ class StagingFix(RuntimeFix):
 
         original = wrap.original["__init__"]
 
-        @plugin_wrapper(original)
+        @functools.wraps(original)
         def __init__(manager: Any, *args: Any, **kwargs: Any) -> None:
             original(manager, *args, **kwargs)
             if not wrap.live:
@@ -131,7 +132,7 @@ class StagingFix(RuntimeFix):
 
         original = wrap.original["capture"]
 
-        @plugin_wrapper(original)
+        @functools.wraps(original)
         def capture(manager: Any, *args: Any, **kwargs: Any) -> Any:
             state = staging.state_of(manager) if wrap.live else None
             if state is None:
