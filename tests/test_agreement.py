@@ -21,7 +21,7 @@ from childproc import fork_together, free_port
 from stable import assert_says
 
 from vllm_staging_plugin._engine import agreement
-from vllm_staging_plugin._engine.agreement import Agreement, AgreementError, check, coupled_ranks
+from vllm_staging_plugin._engine.agreement import AgreementError, check, check_coupled_ranks, coupled_ranks
 from vllm_staging_plugin._engine.settings import Settings
 
 
@@ -168,7 +168,7 @@ def test_recapture_in_one_process_uses_the_next_round() -> None:
 def test_no_process_group_means_no_check(mocker: Any) -> None:
     spy = mocker.spy(agreement, "check")
     ordered = {"PIECEWISE": [Desc(1)]}
-    assert Agreement().check_coupled_ranks(Settings(order="ascending"), ordered, mocker.Mock()) is None
+    assert check_coupled_ranks(Settings(order="ascending"), ordered, mocker.Mock()) is None
     assert spy.call_count == 0 and not dist.is_initialized()
 
 
@@ -189,32 +189,26 @@ def test_the_coupled_check_publishes_this_ranks_plan(monkeypatch: pytest.MonkeyP
     monkeypatch.setattr(dist, "get_world_size", lambda group=None: world["size"])
     monkeypatch.setattr(dist, "get_rank", lambda group=None: 3)
     monkeypatch.setattr(distributed_c10d, "_get_default_store", lambda: store)
-    checks = Agreement(wait_seconds=5.0)
+    monkeypatch.setattr(agreement, "WAIT_SECONDS", 5.0)
     settings, ordered = Settings(order="ascending"), {"FULL": [Desc(1), Desc(2)]}
     mine = agreement.plan(settings, ordered)
     store.set(f"{agreement.KEY_PREFIX}/2-3/0/2", json.dumps(mine))  # DP=2 x TP=2, dense: own engine only
-    assert checks.check_coupled_ranks(settings, ordered, _parallel(tp=2, dp=2)) == 2
+    assert check_coupled_ranks(settings, ordered, _parallel(tp=2, dp=2)) == 2
     assert json.loads(store.get(f"{agreement.KEY_PREFIX}/2-3/0/3")) == mine
-    checks.wait_seconds = 0.1  # MoE: ranks 0-2 of the block never publish
+    monkeypatch.setattr(agreement, "WAIT_SECONDS", 0.1)  # MoE: ranks 0-2 of the block never publish
     silent = r"ranks \[0, 1, 2\] published no capture plan within 0 s"
     with pytest.raises(AgreementError, match=silent):
-        checks.check_coupled_ranks(settings, ordered, _parallel(tp=2, dp=2, moe=True))
-    assert checks.check_coupled_ranks(settings, ordered, _parallel(tp=1, dp=4)) is None  # alone
+        check_coupled_ranks(settings, ordered, _parallel(tp=2, dp=2, moe=True))
+    assert check_coupled_ranks(settings, ordered, _parallel(tp=1, dp=4)) is None  # alone
     world["size"] = 2  # the smallest coupled world: TP=2, this rank 1 (rank 0 publishes first)
     monkeypatch.setattr(dist, "get_rank", lambda group=None: 1)
     store.set(f"{agreement.KEY_PREFIX}/0-1/0/0", json.dumps(mine))
-    assert checks.check_coupled_ranks(settings, ordered, _parallel(tp=2)) == 2
+    assert check_coupled_ranks(settings, ordered, _parallel(tp=2)) == 2
     rounds = {r: store.add(f"{agreement.KEY_PREFIX}/{r}/rounds/{rank}", 0) for r, rank in
               (("2-3", 3), ("0-3", 3), ("0-1", 1))}  # fmt: skip
     assert rounds == {"2-3": 1, "0-3": 1, "0-1": 1}
     world["size"] = 1
-    assert checks.check_coupled_ranks(settings, ordered, _parallel()) is None
-
-
-def test_a_new_agreement_waits_the_module_wait_seconds_unless_given(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(agreement, "WAIT_SECONDS", 2.0)
-    assert Agreement().wait_seconds == 2.0
-    assert Agreement(wait_seconds=7.5).wait_seconds == 7.5
+    assert check_coupled_ranks(settings, ordered, _parallel()) is None
 
 
 def test_a_model_config_that_cannot_say_counts_as_dense() -> None:

@@ -143,7 +143,7 @@ def test_ranks_are_checked_on_the_order_that_will_be_captured(
     cls = fake_module.ModelCudaGraphManager
     monkeypatch.setenv("STAGING_PLUGIN_ORDER", "ascending")
     vllm_staging_plugin.register()
-    spy = mocker.patch.object(agreement.Agreement, "check_coupled_ranks", return_value=3)
+    spy = mocker.patch.object(agreement, "check_coupled_ranks", return_value=3)
     manager = build(cls)
     assert manager.capture() == [1, 2, 4, 8, 1, 2]
     ((settings, ordered, vllm_config),) = [c.args for c in spy.call_args_list]
@@ -466,7 +466,7 @@ def test_an_unknown_mark_keeps_vllms_order_with_one_warning_and_still_presizes(
     fake_module.profile_cudagraph_memory = lambda *a: None
     monkeypatch.setenv("STAGING_PLUGIN_ORDER", "ascending")
     vllm_staging_plugin.register()
-    spy = mocker.spy(agreement.Agreement, "check_coupled_ranks")
+    spy = mocker.spy(agreement, "check_coupled_ranks")
     cls = fake_module.ModelCudaGraphManager
     first, second = (in_mains_shape(build(cls), None) for _ in range(2))
     first._capture_descs[PIECEWISE].reverse()  # vLLM's own order starting small: pre-sizing still acts

@@ -41,9 +41,7 @@ def main() -> None:
     for name, orders, moe, late, wait in json.loads(os.environ["SCENARIOS"]):
         dist.barrier()  # the harness lines the scenarios up; the plugin itself does not
         os.environ["STAGING_PLUGIN_ORDER"] = orders[rank]
-        agreement.WAIT_SECONDS = (
-            wait  # the scenario's bound (no variable sets it): read by the next Agreement
-        )
+        agreement.WAIT_SECONDS = wait  # the scenario's bound (no variable sets it): read by the next check
         vllm_staging_plugin.register()
         if engine == 1:
             time.sleep(late)  # this DP engine reaches capture later (weights on a slower disk)

@@ -131,27 +131,22 @@ def _missing(mine: Mapping[str, Any], missing: list[int], wait_seconds: float) -
     )
 
 
-class Agreement:
-    """The staging fix's agreement checks, with the wait bound they use (``WAIT_SECONDS`` unless given)."""
-
-    def __init__(self, wait_seconds: float | None = None) -> None:
-        self.wait_seconds = WAIT_SECONDS if wait_seconds is None else wait_seconds
-
-    def check_coupled_ranks(
-        self, settings: Settings, ordered: Mapping[Any, Sequence[Any]], vllm_config: Any
-    ) -> int | None:
-        """:func:`check` among the ranks coupled with this one; the count that agreed, None when alone."""
-        if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() < 2:
-            return None
-        parallel = vllm_config.parallel_config
-        ranks = coupled_ranks(
-            dist.get_rank(),
-            dist.get_world_size(),
-            engine_size(parallel),
-            int(parallel.data_parallel_size),
-            _model_is_moe(vllm_config),
-        )
-        if len(ranks) < 2:
-            return None
-        mine = plan(settings, ordered)
-        return check(mine, distributed_c10d._get_default_store(), dist.get_rank(), ranks, self.wait_seconds)
+def check_coupled_ranks(
+    settings: Settings, ordered: Mapping[Any, Sequence[Any]], vllm_config: Any
+) -> int | None:
+    """:func:`check` among the ranks coupled with this one, waiting up to ``WAIT_SECONDS`` (read at the call);
+    the count that agreed, None when alone."""
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() < 2:
+        return None
+    parallel = vllm_config.parallel_config
+    ranks = coupled_ranks(
+        dist.get_rank(),
+        dist.get_world_size(),
+        engine_size(parallel),
+        int(parallel.data_parallel_size),
+        _model_is_moe(vllm_config),
+    )
+    if len(ranks) < 2:
+        return None
+    mine = plan(settings, ordered)
+    return check(mine, distributed_c10d._get_default_store(), dist.get_rank(), ranks, WAIT_SECONDS)

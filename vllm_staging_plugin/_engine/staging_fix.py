@@ -30,7 +30,6 @@ from .settings import DEFAULT_ORDER, ENV_ORDER, ENV_STRICT, Settings
 from .sizing import staging_capacity
 
 if TYPE_CHECKING:
-    from .agreement import Agreement
     from .policies import PolicyRegistry
 
 logger = logging.getLogger("vllm.staging_plugin")
@@ -50,7 +49,6 @@ class StagingFix(RuntimeFix):
     ) -> None:
         super().__init__(settings, notify, policies)
         self.vllm_sizes_staging = False  # vLLM sizes its staging itself: its release shape, or seen doing so
-        self._agreement: Agreement | None = None
         self._views: dict[tuple[type, tuple[str, ...]], type] = {}
 
     def find(self, module: Any) -> type:
@@ -146,9 +144,9 @@ class StagingFix(RuntimeFix):
             ordered = None  # this capture's descriptors in policy order; vLLM's own when None
             if not profiling and settings.order != DEFAULT_ORDER:  # profiling keeps vLLM's order
                 ordered = self._policies().reordered(settings, manager._capture_descs)
-                state.ranks_agreed = self._agreed().check_coupled_ranks(
-                    settings, ordered, manager.vllm_config
-                )
+                from .agreement import check_coupled_ranks  # torch.distributed: only for an order
+
+                state.ranks_agreed = check_coupled_ranks(settings, ordered, manager.vllm_config)
             receipt: Any = nullcontext()
             if settings.receipts_dir is not None:
                 from .capture_session import receipt_session
@@ -196,13 +194,6 @@ class StagingFix(RuntimeFix):
 
             self.policies = PolicyRegistry.load()  # a tool's patch; register() hands the engine its own
         return self.policies
-
-    def _agreed(self) -> Agreement:
-        if self._agreement is None:
-            from .agreement import Agreement
-
-            self._agreement = Agreement()
-        return self._agreement
 
     def _staging(self, manager: Any) -> Any:
         from .staging import capture_view, intercepting
