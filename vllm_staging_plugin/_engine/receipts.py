@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import itertools
 import json
-import logging
 import os
 import socket
 import tempfile
@@ -44,20 +43,16 @@ class _Start(TypedDict):
     pid: int
 
 
-class _Agreement(TypedDict, total=False):
-    """Fields a receipt of an older plugin lacks."""
+class ReceiptStart(_Start, total=False):
+    """Known when the capture starts, with the fields a receipt of an older plugin lacks."""
 
     ranks_agreed: int | None  # ranks whose capture plan matched (None: not checked)
     vllm_sizes_staging: bool  # vLLM sizes the staging itself (its release shape, or seen doing so)
     captured_modes: list[str]  # each descriptor's mode in capture order (set when the capture ends)
 
 
-class ReceiptStart(_Start, _Agreement):
-    pass
-
-
-class _Measured(TypedDict):
-    """Known when the capture ends."""
+class Receipt(ReceiptStart):
+    """One receipt as written and as read back: the start's fields and those known when the capture ends."""
 
     captured_sequence: dict[str, list[int]]
     capacity: int
@@ -70,13 +65,8 @@ class _Measured(TypedDict):
     created_unix: float
 
 
-class Receipt(ReceiptStart, _Measured):
-    """One receipt as written and as read back."""
-
-
 REQUIRED_FIELDS = tuple(sorted(Receipt.__required_keys__))
 _counter = itertools.count()
-logger = logging.getLogger("vllm.staging_plugin")
 
 
 def receipt_name(kind: str, rank: int) -> str:
