@@ -42,7 +42,7 @@ PATCHES = {
         "0.29.0-0.34.0",
     ),
 }
-HUNK = re.compile(r"^@@ -(\d+)(?:,(\d+))? \+(\d+)(?:,(\d+))? @@")
+HUNK = re.compile(r"^@@ -\d+(?:,\d+)? \+\d+(?:,\d+)? @@")
 
 
 class PatchError(Exception):
@@ -51,7 +51,6 @@ class PatchError(Exception):
 
 @dataclass
 class Hunk:
-    old_start: int  # 1-based line of the first old line
     old: list[str] = field(default_factory=list)
     new: list[str] = field(default_factory=list)
 
@@ -81,8 +80,8 @@ def parse(diff: str) -> list[FilePatch]:
             hunk = None
         elif line.startswith("+++ "):
             files.append(FilePatch(line[4:].split("\t")[0].removeprefix("b/")))
-        elif match := HUNK.match(line):
-            hunk = Hunk(int(match.group(1)))
+        elif HUNK.match(line):
+            hunk = Hunk()
             files[-1].hunks.append(hunk)
         elif hunk is not None and line[:1] in (" ", "-", "+", ""):  # "" : an empty context line
             body = line[1:]

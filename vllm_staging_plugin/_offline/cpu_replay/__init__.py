@@ -24,14 +24,12 @@ from .run import (
     stock_or_patched,
     vllm_sizes_staging,
 )
-from .stand_ins import UbatchRunner
 
 __all__ = [
     "DEFAULT_SIZES",
     "PATCHED",
     "ReplayConfig",
     "ReplayResult",
-    "UbatchRunner",
     "arm_settings",
     "build_manager",
     "cpu_stubs",
