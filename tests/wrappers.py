@@ -4,11 +4,12 @@ Torch-free, for the start-up children that check ``register()`` imports no torch
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import vllm_staging_plugin
 
-PACKAGE = str(Path(vllm_staging_plugin.__file__).parent)
+PACKAGE = str(Path(vllm_staging_plugin.__file__).parent) + os.sep  # the folder, not a sibling's prefix
 
 
 def is_plugin_wrapper(function: object) -> bool:
