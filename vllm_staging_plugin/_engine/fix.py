@@ -1,8 +1,6 @@
-"""The one base of every runtime fix: wrap methods of one vLLM class when vLLM imports its module.
-
-As OpenTelemetry's ``BaseInstrumentor``: a subclass names its module, class and methods and builds its
-wrappers; the base waits for vLLM's import, never breaks it, restores only its own wrappers, and is strict
-or warns once. Each subclass's module docstring is its registry entry: why, how, upstream, removal.
+"""The one base of every runtime fix, as OpenTelemetry's ``BaseInstrumentor``: a subclass names a vLLM
+module, class and methods and builds its wrappers; the base installs them when vLLM imports the module,
+never breaks that import, restores only its own wrappers, and is strict or warns once.
 """
 
 from __future__ import annotations
@@ -28,7 +26,7 @@ V1_RUNNER_BUILT = "v1-runner-built"  # it runs the V1 runner: it builds no graph
 
 
 class ClassWrap:
-    """One class's replaced methods: what its ``__dict__`` held, what a call reaches, and the wrappers."""
+    """One class's replaced methods: what its ``__dict__`` held, what a call reached, the wrappers."""
 
     def __init__(self, cls: type, names: tuple[str, ...]) -> None:
         self.cls = cls
@@ -48,14 +46,14 @@ class ClassWrap:
             setattr(self.cls, name, function)
 
     def suspend(self) -> None:
-        """Put back what the class held, keeping the replacements for :meth:`resume` (unless another tool
-        wrapped on top since: then the wrap is over)."""
+        """Put back what the class held, keeping the wrappers for :meth:`resume` (unless another tool
+        wrapped on top since)."""
         replacements = self.replacements
         if not self.restore():
             self._parked = replacements
 
     def resume(self) -> None:
-        """The replacements of :meth:`suspend` back in the class, the same functions as before."""
+        """The same wrappers back in the class."""
         parked, self._parked = self._parked, None
         if parked is not None:
             self.apply(parked)
@@ -77,10 +75,8 @@ class ClassWrap:
 
 
 class RuntimeFix:
-    """A change to one vLLM class, installed when vLLM imports its module.
-
-    Subclasses set ``module``, ``target``, ``methods`` and ``error`` (what strict mode raises) and write
-    :meth:`wrappers`. ``retired_by`` names the events after which the module will never matter here.
+    """A change to one vLLM class. Subclasses set ``module``, ``target``, ``methods`` and ``error`` (what
+    strict mode raises) and write :meth:`wrappers`; ``retired_by`` names the events that make it needless.
     """
 
     module: ClassVar[str]
@@ -107,14 +103,14 @@ class RuntimeFix:
         return True
 
     def find(self, module: ModuleType) -> type | None:
-        """The class to wrap (None: nothing to do); raise to refuse with the reason."""
+        """The class to wrap (None: nothing to do); raises to refuse."""
         cls = getattr(module, self.target, None)
         if not isinstance(cls, type):
             raise self.error(f"{module.__name__}.{self.target} is missing")
         return cls
 
     def check(self) -> None:
-        """Raise when this process's platform is not one the fix was written for."""
+        """Raises when this process's platform is not one the fix was written for."""
 
     def wrappers(self, wrap: ClassWrap) -> dict[str, Callable[..., Any]]:
         """The replacement of each method; each passes through unless ``wrap.live``."""
@@ -131,7 +127,7 @@ class RuntimeFix:
             self._hook = when_imported(self.module, self.install)
 
     def install(self, module: ModuleType) -> None:
-        """Wrap the class of ``module``; never breaks vLLM's import of it (strict mode raises)."""
+        """Wrap the class of ``module``, never breaking vLLM's import of it (strict mode raises)."""
         if self.suspended:
             self._pending = module
             return
@@ -154,13 +150,13 @@ class RuntimeFix:
         return True
 
     def suspend(self) -> None:
-        """vLLM's class as it was before this fix, until :meth:`resume` (an offline tool's block)."""
+        """vLLM's class as before this fix, until :meth:`resume` (an offline tool's block)."""
         self.suspended = True
         if self.wrap is not None:
             self.wrap.suspend()
 
     def resume(self) -> None:
-        """The same wrappers back, or the fix installed if vLLM imported its module meanwhile."""
+        """The same wrappers back, or installed now if vLLM imported the module meanwhile."""
         self.suspended = False
         if self.wrap is not None:
             self.wrap.resume()

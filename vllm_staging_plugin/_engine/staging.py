@@ -155,8 +155,8 @@ class _StagingSlot:
 
 
 def capture_view(cls: type, names: Sequence[str]) -> type:
-    """``cls`` plus a slot for each attribute in ``names``, only those the manager holds: a set-only slot
-    answers a read of a missing attribute with itself (before 0.19.0 no ``intermediate_tensors``)."""
+    """``cls`` plus a slot for each of ``names``, only those the manager holds: a set-only slot answers a
+    read of a missing attribute with itself."""
     slots: dict[str, Any] = {name: _StagingSlot(name) for name in names}
     slots.update(__module__=cls.__module__, __qualname__=cls.__qualname__)
     return type(cls.__name__, (cls,), slots)

@@ -105,8 +105,7 @@ def report_command(args: argparse.Namespace) -> int:
     try:
         table = report(args.directory, target)
     except ReportError as exc:
-        print(exc, file=sys.stderr)
-        return int(exc.code)
+        return say_error("vllm-staging-plugin report", exc.code, "", str(exc), as_json=False, labelled=False)
     print(table)
     if target is not None:
         print(f"plot written to {target}")

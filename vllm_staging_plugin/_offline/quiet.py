@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterator
 from .scoped import items
 
 LEVEL_VARIABLE = "VLLM_LOGGING_LEVEL"
-# (logger, start of the message): what vLLM 0.33.0 and torch log on a CPU-only machine, whatever is checked
+# (logger, start of the message): what vLLM and torch log on a CPU-only machine, whatever is checked
 _NO_TRITON_KERNELS = "Failed to import Triton kernels"
 CPU_ONLY = (
     ("vllm.platforms.interface", "Failed to import from vllm._C"),

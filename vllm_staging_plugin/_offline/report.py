@@ -181,8 +181,7 @@ def plot(rows: list[Row], path: Path) -> None:
     try:
         fig.savefig(path, dpi=110)
     except (OSError, ValueError) as exc:  # no such folder, no permission, a format matplotlib lacks
-        message = f"vllm-staging-plugin report: --plot {path}: {first_line(str(exc))}"
-        raise ReportError(message, code=Exit.BAD_INPUT) from exc
+        raise ReportError(f"--plot {path}: {first_line(str(exc))}", code=Exit.BAD_INPUT) from exc
     finally:
         plt.close(fig)
 
@@ -192,9 +191,9 @@ def report(directory: Path | str, plot_path: Path | None = None) -> str:
     readable receipt is skipped with one line on stderr naming it."""
     shown, directory = str(directory), Path(directory)  # named as the operator typed it
     if not directory.exists():
-        raise ReportError(f"vllm-staging-plugin report: no such directory: {shown}", code=Exit.BAD_INPUT)
+        raise ReportError(f"no such directory: {shown}", code=Exit.BAD_INPUT)
     if not directory.is_dir():
-        raise ReportError(f"vllm-staging-plugin report: not a directory: {shown}", code=Exit.BAD_INPUT)
+        raise ReportError(f"not a directory: {shown}", code=Exit.BAD_INPUT)
     skipped: list[Path] = []
 
     def skip(path: Path, reason: str) -> None:
@@ -205,7 +204,7 @@ def report(directory: Path | str, plot_path: Path | None = None) -> str:
     if not rows:
         note = f" ({len(skipped)} file(s) skipped, see above)" if skipped else ""
         raise ReportError(
-            f"vllm-staging-plugin report: no capture receipts in {shown}{note}; vLLM writes one JSON receipt "
+            f"no capture receipts in {shown}{note}; vLLM writes one JSON receipt "
             "per capture there when the plugin is active in it (vLLM 0.18.0 or later; `vllm-staging-plugin` "
             f"without arguments says whether it patches this vLLM) and STAGING_PLUGIN_RECEIPTS_DIR={shown}"
         )

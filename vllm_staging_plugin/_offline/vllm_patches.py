@@ -28,17 +28,12 @@ PATCHES = {
         "presize-staging-buffers.patch",
         "size vLLM's CUDA-graph staging buffers by the largest capture descriptor, as the plugin does "
         "from outside",
-        # 0.30.0-0.33.0: the releases whose own capture order crashes stock staging for Kimi-K3; 0.34.0
-        # sizes the buffers itself, and before 0.30.0 the staging code differs.
-        "0.30.0-0.33.0",
+        "0.30.0-0.33.0",  # why these spans: docs/compatibility.md
     ),
     "kda": BundledPatch(
         "kda-spec-state-slots.patch",
         "keep a state slot per speculative token in Kimi-Linear's shared KDA layer under --use-replayssm, "
         "as the plugin does from outside",
-        # Read before 0.29.0, nothing needs it: 0.24.0, 0.25.0 and 0.26.0 have no --use-replayssm, 0.27.0
-        # and 0.28.0 refuse it for Kimi-Linear (0.28.0's file still matches the hunks); 0.18.0 has no such
-        # layer. 0.34.0 still has the fault.
         "0.29.0-0.34.0",
     ),
 }

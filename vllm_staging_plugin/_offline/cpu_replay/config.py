@@ -20,7 +20,7 @@ def default_sizes(max_size: int) -> tuple[int, ...]:
 
 
 DEFAULT_SIZES = default_sizes(512)
-# vLLM 0.34.0's compilation fields that split the capture sizes into prefill tokens and decode requests.
+# The compilation fields that split the capture sizes into prefill tokens and decode requests (0.34.0).
 SPLIT_SIZE_FIELDS = (
     "prefill_cudagraph_capture_token_sizes", "max_prefill_cudagraph_capture_tokens",
     "decode_cudagraph_capture_request_sizes", "max_decode_cudagraph_capture_requests",
@@ -79,7 +79,7 @@ def make_vllm_config(cfg: ReplayConfig) -> Any:
     if cfg.dbo:
         parallel.enable_dbo = True
         parallel.dbo_decode_token_threshold = cfg.dbo_decode_token_threshold
-    if hasattr(vllm_config, "get_decode_cudagraph_query_lens"):  # 0.34.0: decode graphs by request count
+    if hasattr(vllm_config, "get_decode_cudagraph_query_lens"):  # decode graphs by request count
         if cfg.decode_query_len > 1 and vllm_config.speculative_config is None:  # its decode query length
             vllm_config.speculative_config = speculative_config(cfg.decode_query_len - 1)
         seams.split_capture_sizes(vllm_config, cfg.decode_query_len)
@@ -122,7 +122,7 @@ def derived_capture_sizes(
     compilation.cudagraph_mode = CUDAGraphMode.FULL_AND_PIECEWISE
     compilation.cudagraph_capture_sizes = None
     compilation.max_cudagraph_capture_size = max_cudagraph_capture_size
-    for split in SPLIT_SIZE_FIELDS:  # 0.34.0: derived too, not the split make_vllm_config made
+    for split in SPLIT_SIZE_FIELDS:  # derived too, not the split make_vllm_config made
         if hasattr(compilation, split):
             setattr(compilation, split, None)
     vllm_config.model_config = types.SimpleNamespace(enforce_eager=False)

@@ -25,20 +25,17 @@ class Model(torch.nn.Module):  # type: ignore[misc]
         assert positions is not None
         n, cfg = positions.shape[0], self.cfg
         self.forwards.append(n)
-        if cfg.output == "pattern":
-            if not cfg.last_pp_rank:
-                return IntermediateTensors(
-                    {k: _pattern(n, cfg, i) for i, k in enumerate(cfg.intermediate_keys)}
-                )
-            if cfg.aux_layers:
-                return _pattern(n, cfg, 0), [_pattern(n, cfg, i + 1) for i in range(cfg.aux_layers)]
-            return _pattern(n, cfg, 0)
-        hidden = torch.zeros(n, cfg.hidden_size, dtype=cfg.dtype)
+
+        def output(salt: int) -> torch.Tensor:
+            if cfg.output == "pattern":
+                return _pattern(n, cfg, salt)
+            return torch.zeros(n, cfg.hidden_size, dtype=cfg.dtype)
+
         if not cfg.last_pp_rank:
-            return IntermediateTensors({k: hidden.clone() for k in cfg.intermediate_keys})
+            return IntermediateTensors({k: output(i) for i, k in enumerate(cfg.intermediate_keys)})
         if cfg.aux_layers:
-            return hidden, [hidden.clone() for _ in range(cfg.aux_layers)]
-        return hidden
+            return output(0), [output(i + 1) for i in range(cfg.aux_layers)]
+        return output(0)
 
 
 def _pattern(n: int, cfg: ReplayConfig, salt: int) -> torch.Tensor:

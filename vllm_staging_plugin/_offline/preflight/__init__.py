@@ -120,7 +120,7 @@ def run(
             with phases.phase("inspect"):  # vLLM caches it: the configuration build below finds it
                 inspect_model_classes(str(args.model))
             config = create_engine_config(args, words)
-            if not getattr(config, "use_v2_model_runner", True):  # 0.34.0 has no V1 runner (nor the flag)
+            if not getattr(config, "use_v2_model_runner", True):  # a release without V1 has no flag
                 raise CannotCheckHere(
                     "vLLM picks Model Runner V1 for this configuration: it has no ModelCudaGraphManager, "
                     "so neither the plugin nor this check applies"

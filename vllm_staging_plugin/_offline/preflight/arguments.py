@@ -15,12 +15,11 @@ from .refusals import BadArguments
 
 # The check's own options, which a user may put after `--` by mistake (vLLM's parser then refuses them).
 CHECK_OPTIONS = ("--order", "--json", "--gpu", "--gpus", "-v", "--verbose")
-PARSER_MODULE = "vllm.entrypoints.common.cli_args"  # `vllm serve`'s parser, where vLLM 0.33.0 has it
+PARSER_MODULE = "vllm.entrypoints.common.cli_args"  # `vllm serve`'s parser
 
 
 def has_serve_parser() -> bool:
-    """Whether the installed vLLM has the ``vllm serve`` parser the check builds on (0.33.0 and 0.34.0; the
-    plugin itself supports 0.18.0-0.34.0)."""
+    """Whether the installed vLLM has the ``vllm serve`` parser the check builds on."""
     try:
         return importlib.util.find_spec(PARSER_MODULE) is not None
     except ModuleNotFoundError:  # a parent package is missing

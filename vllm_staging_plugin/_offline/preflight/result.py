@@ -61,7 +61,7 @@ class Preflight:
     kda_step: KdaMixedStep | None = None  # vLLM's shared KDA layer on a decode beside a prefill
     kda_step_error: str | None = None  # why that could not be checked here
     kda_step_plugin: KdaMixedStep | None = None  # where stock faults: the same step with the plugin's fix
-    kda_fault_at_boot: bool = False  # this vLLM runs such a step in its boot warm-up (0.34.0)
+    kda_fault_at_boot: bool = False  # this vLLM runs such a step in its boot warm-up
     serving_fix: ServingFix | None = None  # where it faults: the arguments re-checked without the fault
 
     @property

@@ -1,19 +1,8 @@
-"""The offline code's door into vLLM's private internals, one module per vLLM area: ``config`` (the capture
-grid vLLM derives, the model class it resolves, what its failures mean, which drafter names it loads as
-a model), ``manager`` (Model Runner V2's
-CUDA-graph manager: how the runner builds it, what it hands it, its capture on CPU), ``kda`` (the Kimi
-KDA layers' state index) and ``platform`` (the CUDA platform on a machine without CUDA). Each function
-names the private it uses, the releases it was read on, and what happens when vLLM changes it;
-tests/test_seams.py runs each against the installed vLLM, and CI against every release it covers.
-
-A changed private makes most seams raise (``SeamChanged``, or vLLM's own AttributeError / ImportError) or
-return "does not apply", and the caller reports that the check could not be made. Four degrade instead,
-each saying how in its docstring: ``config_failure`` (a changed sentence reads as vLLM's own refusal,
-exit 2), ``manager_inputs`` (the auxiliary-buffer count falls back to the draft's layer ids, or 3),
-``capability_family`` (a renamed method is no longer asked: the derived ceiling stays 512, which
-tests/test_seams.py's per-release pin catches) and ``proposer_class_path`` (a missing rule reads every
-dotted drafter name as a model, as 0.34.0 does). No other offline module reaches a vLLM private or
-rebinds a vLLM global.
+"""The offline code's one door into vLLM's privates, one module per vLLM area: ``config``, ``manager`` (Model
+Runner V2's CUDA-graph manager), ``kda`` (the Kimi KDA layers) and ``platform`` (CUDA on a machine without
+it). Each function names the private it uses and what happens when vLLM changes it: most raise, and the
+caller reports that the check could not be made. tests/test_seams.py runs each against the installed vLLM;
+docs/compatibility.md ("The offline seams") lists the releases each was read on.
 """
 
 from ..internal import SeamChanged

@@ -47,13 +47,9 @@ class _Built(Exception):
 def kda_layer_class(vllm_config: Any) -> Any:
     """The KDA layer class vLLM's Kimi decoder builds for this model, or None when the model has none.
 
-    Private: ``KimiDecoderLayer`` in the model class's module (``vllm/models/kimi_k3/nvidia/model.py``;
-    read on 0.33.0, present from 0.27.0), which picks the layer: Kimi-K3's own ``KimiK3DeltaAttention``
-    for a full-rank gate, the shared ``KimiGatedDeltaNetAttention`` otherwise. The decoder is built for the
-    first KDA layer with every Mamba-layer class of that module replaced by a recorder, so the class it
-    asks for is read from vLLM's own choice; nothing else of the decoder is built. A module without
-    ``KimiDecoderLayer`` (another model, or a renamed decoder) gives None; a decoder that builds no Mamba
-    layer raises SeamChanged.
+    Private: ``KimiDecoderLayer`` of the model's module, which picks Kimi-K3's own layer or the shared
+    one. It is built for the first KDA layer with every Mamba-layer class replaced by a recorder, so the
+    answer is vLLM's own choice. No such decoder: None; one that builds no Mamba layer: SeamChanged.
     """
     return _kda_layer_class(vllm_config, model_class(vllm_config))
 
@@ -92,12 +88,9 @@ def _kda_layer_class(vllm_config: Any, model_cls: Any) -> Any:
 
 @contextlib.contextmanager
 def _host_copies() -> Iterator[None]:
-    """vLLM's host-to-device helper stages copies in pinned memory when its platform says CUDA; on this
-    CPU-only machine nothing can be pinned. Private: ``PIN_MEMORY`` of ``vllm.utils.torch_utils`` and its
-    copy in ``vllm.v1.attention.backends.utils`` (0.33.0, 0.34.0), read at each call, and the
-    ``is_pin_memory_available`` that ``vllm.utils.torch_utils`` imports, which 0.32.0's helper asks at
-    each call instead; a module that moves raises ImportError, and a flag read under another name makes
-    the metadata build fail on pinning: either way the serving check reports that it could not be made."""
+    """No pinned host copies (vLLM pins them when its platform says CUDA; nothing can be pinned here).
+    Privates: ``PIN_MEMORY`` and ``is_pin_memory_available`` where vLLM reads them; moved, the metadata build
+    fails and the serving check reports that it could not be made."""
     import vllm.utils.torch_utils as torch_utils
     import vllm.v1.attention.backends.utils as backend_utils
 
@@ -112,11 +105,9 @@ def _host_copies() -> Iterator[None]:
 
 
 def fault_at_boot() -> bool:
-    """Whether this vLLM's worker runs a speculative decode beside a prefill before it serves, so that the
-    shared KDA layer's fault ends the boot rather than the first such serving step. Read by structure:
-    ``run_kv_cache_sizing_warmup`` in ``vllm/v1/worker/gpu/warmup.py`` (0.34.0, whose warm-up steps verify
-    a full set of drafts beside a prefill; the dense Kimi-Linear shape died there on an H200, 2 boots of
-    2); absent in 0.18.0-0.33.0, whose boots got past it on the same GPU."""
+    """Whether this vLLM's worker runs a speculative decode beside a prefill before it serves, so the
+    shared KDA layer's fault ends the boot. Read by structure: ``run_kv_cache_sizing_warmup`` in
+    ``vllm/v1/worker/gpu/warmup.py``."""
     try:
         import vllm.v1.worker.gpu.warmup as warmup
     except ImportError:
@@ -127,22 +118,14 @@ def fault_at_boot() -> bool:
 def kda_mixed_step(
     vllm_config: Any, adjust: Callable[[Any], Any] | None = None, as_installed: bool = False
 ) -> KdaMixedStep | None:
-    """Build the installed vLLM's real KDA metadata for a step that mixes a speculative decode with a
-    prefill, on CPU, and report the state index the speculative kernel gets. None where it does not apply:
-    no speculative decoding, no Kimi KDA layer, or a layer with its own metadata (Kimi-K3's, whose
-    RecoverSSM kernels read the one slot it gives).
+    """Build vLLM's real KDA metadata on CPU for a step that mixes a speculative decode with a prefill, and
+    report the state index the speculative kernel gets. None where it does not apply (no speculation, no
+    Kimi KDA layer, or Kimi-K3's own layer and metadata).
 
-    The spec is vLLM's own ``get_kv_cache_spec``'s, never a plugin wrapper's (the process may have the
-    plugin installed), unless ``as_installed``: then the layer's method as this process holds it (the
-    contract tests' view of an installed plugin). ``adjust`` (the pre-flight's plugin arm: the engine's
-    :class:`~vllm_staging_plugin._engine.kda_fix.KdaFix`) is handed that spec and returns the one
-    the builder gets.
-
-    Privates: the layer's ``get_kv_cache_spec`` (its state slots per request; ``--use-replayssm`` gives
-    one, ``vllm/model_executor/layers/mamba/abstract.py``), ``GDNAttentionMetadataBuilder``
-    (``vllm/v1/attention/backends/gdn_attn.py``; read on 0.33.0, present from 0.14.0), its ``build``
-    arguments ``num_accepted_tokens`` / ``num_decode_draft_tokens_cpu`` and ``CommonAttentionMetadata``'s
-    fields. A builder or metadata that changes shape raises SeamChanged, which the caller reports.
+    The spec is vLLM's own (registered fixes suspended), unless ``as_installed``: the method as this
+    process holds it. ``adjust`` (the pre-flight's plugin arm) turns that spec into the one the builder
+    gets. Privates: ``get_kv_cache_spec``, ``GDNAttentionMetadataBuilder``, its ``build`` arguments and
+    ``CommonAttentionMetadata``'s fields; a changed shape raises, and the caller reports it.
     """
     num_spec = int(getattr(vllm_config.speculative_config, "num_speculative_tokens", None) or 0)
     if not num_spec:

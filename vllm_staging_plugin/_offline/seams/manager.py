@@ -17,8 +17,7 @@ from ..scoped import attributes
 
 
 def cudagraph_module() -> types.ModuleType:
-    """Model Runner V2's CUDA-graph module, ``vllm.v1.worker.gpu.cudagraph_utils`` (0.18.0-0.33.0; the
-    engine patches the same module, and a release without it is refused there first)."""
+    """Model Runner V2's CUDA-graph module, the one the engine patches."""
     import vllm.v1.worker.gpu.cudagraph_utils as module
 
     return module  # type: ignore[no-any-return]
@@ -33,13 +32,9 @@ def new_manager(
     varlen_decode: bool = False,
     ubatch_runner: Any = None,
 ) -> Any:
-    """A ``ModelCudaGraphManager`` on CPU, built the way Model Runner V2 builds it (call inside
-    :func:`cpu_capture_edges`, which stubs the graph pool ``__init__`` asks for). Internals: the
-    constructor's leading parameters, one of the engine's known shapes (``_engine/compat.SHAPES``):
-    ``decode_query_len`` (0.18.0-0.33.0) or ``decode_query_lens``, the mapping vLLM 0.34.0's runner takes
-    from ``VllmConfig.get_decode_cudagraph_query_lens``; and its knobs ``lora_capture_cases``,
-    ``varlen_decode`` and ``ubatch_runner``, passed only when set: :func:`manager_features` says which a
-    release has, and one it lacks raises vLLM's TypeError."""
+    """A ``ModelCudaGraphManager`` on CPU, built as Model Runner V2 builds it (inside
+    :func:`cpu_capture_edges`). Private: the constructor's parameters, one of ``compat.SHAPES``; its knobs
+    go only when set, and one the release lacks raises vLLM's TypeError."""
     import torch
     from vllm.config.compilation import CUDAGraphMode
 
@@ -72,13 +67,9 @@ def capture_on_cpu(
     block_tables: Any = None,
 ) -> None:
     """Run the manager's own ``capture()`` (inside :func:`cpu_capture_edges`) with what Model Runner V2
-    hands it, built on CPU: input buffers for ``max_num_seqs`` requests and ``rows`` tokens, the
-    intermediate tensors a rank after the first receives (``upstream``), a KV-cache config with no blocks,
-    and a model state whose dummy inputs are empty. Internals: ``capture``'s parameters, passed by name
-    (they changed across 0.18.0-0.33.0: :func:`capture_arguments`), ``InputBuffers`` of
-    ``vllm.v1.worker.gpu.input_batch`` (``(max_num_reqs, max_num_tokens, device)``), ``KVCacheConfig``
-    and ``IntermediateTensors`` (0.18.0-0.33.0); one moved or re-signed raises (ImportError, TypeError)
-    and the replay reports the capture as failed with that error."""
+    hands it, built on CPU (``upstream``: the intermediate tensors a rank after the first receives).
+    Privates: ``capture``'s parameters (:func:`capture_arguments`), ``InputBuffers``, ``KVCacheConfig`` and
+    ``IntermediateTensors``; one moved or re-signed raises, and the replay reports that error."""
     import torch
     from vllm.sequence import IntermediateTensors
     from vllm.v1.kv_cache_interface import KVCacheConfig
@@ -99,9 +90,8 @@ def capture_on_cpu(
 
 
 def capture_arguments(capture: Any, available: dict[str, Any]) -> dict[str, Any]:
-    """The arguments this release's ``capture`` takes, by name, from ``available``: a parameter with a
-    default is passed only when available; a required one ``available`` lacks (a release that added one)
-    raises ``SeamChanged`` naming it."""
+    """The arguments this release's ``capture`` takes, by name, from ``available``; a required one
+    ``available`` lacks raises ``SeamChanged`` naming it."""
     params = list(inspect.signature(inspect.unwrap(capture)).parameters.values())[1:]
     named = [p for p in params if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
     unknown = [p.name for p in named if p.default is p.empty and p.name not in available]
@@ -114,27 +104,23 @@ def capture_arguments(capture: Any, available: dict[str, Any]) -> dict[str, Any]
 
 @contextlib.contextmanager
 def graph_pool_stub(platform: Any, pool: Any) -> Iterator[None]:
-    """For the block, ``platform.get_global_graph_pool()`` returns ``pool`` without CUDA (a manager built
-    on CPU asks the platform its module bound, in ``__init__``). Private: the platform class's
-    ``_global_graph_pool`` cache (0.18.0-0.33.0), which that getter returns when set; a getter that stops
-    reading it asks CUDA for a pool, and building the manager fails, which every CPU replay reports."""
+    """For the block, ``platform.get_global_graph_pool()`` returns ``pool`` without CUDA. Private: the
+    platform class's ``_global_graph_pool`` cache; a getter that stops reading it asks CUDA, and the replay
+    reports the failed build."""
     with attributes(type(platform), {"_global_graph_pool": pool}):
         yield
 
 
 def capture_plan(manager: Any) -> dict[Any, list[Any]]:
-    """The manager's capture plan: CUDA-graph mode -> its batch descriptors, in the order vLLM captures
-    them; reordering a list in place changes what ``capture()`` runs. Private:
-    ``ModelCudaGraphManager._capture_descs`` (0.18.0-0.33.0), which the engine's structure check
-    (``_engine/compat.check_manager``) requires too: a vLLM without it is refused before this is asked."""
+    """The manager's capture plan, mode -> descriptors in capture order. Private: ``_capture_descs``,
+    which the engine's structure check requires too."""
     return manager._capture_descs  # type: ignore[no-any-return]
 
 
 def manager_features(cudagraph_module: Any) -> dict[str, bool]:
-    """Which descriptor knobs the release's graph manager has, read from its structure (not its version).
-    Privates: ``ModelCudaGraphManager.__init__``'s parameters and the source text of
-    ``CudaGraphManager._init_candidates`` and ``ModelCudaGraphManager.__init__`` (0.18.0-0.33.0); a knob
-    renamed there reads as absent, and the search then runs at that knob's default only."""
+    """Which descriptor knobs the release's graph manager has, read from its structure. Privates: the
+    constructor's parameters and the source of ``_init_candidates`` and ``__init__``; a renamed knob reads
+    as absent."""
     params = inspect.signature(cudagraph_module.ModelCudaGraphManager.__init__).parameters
     candidates = inspect.getsource(cudagraph_module.CudaGraphManager._init_candidates)
     init = inspect.getsource(cudagraph_module.ModelCudaGraphManager.__init__)
@@ -143,7 +129,6 @@ def manager_features(cudagraph_module: Any) -> dict[str, bool]:
         "varlen_decode": "varlen_decode" in params,
         "dbo": "ubatch_runner" in params and "_maybe_ubatch_twin" in candidates,
         "kda_recoverssm": "use_kda_recoverssm" in candidates,
-        # 0.25.0-0.33.0 read the schedule in _init_candidates; 0.34.0 hands the manager its query lengths
         "dense_schedule": "uses_dynamic_speculative_decoding" in candidates or "decode_query_lens" in params,
         "intermediate_tensors": "intermediate_tensors" in init,
     }
@@ -154,26 +139,18 @@ REPLAYED_PLAN = "_cpu_replay_plan"
 
 
 def replayed_plan(manager: Any) -> dict[Any, list[Any]] | None:
-    """The plan :func:`cpu_capture_edges`' loop walked on ``manager`` (a patch's order too), or None
-    before a capture. This package's own attribute, not vLLM's."""
+    """The plan :func:`cpu_capture_edges`' loop walked on ``manager``, or None before a capture."""
     walked: dict[Any, list[Any]] | None = vars(manager).get(REPLAYED_PLAN)
     return walked
 
 
 @contextlib.contextmanager
 def cpu_capture_edges(first_pp_rank: bool, last_pp_rank: bool, dbo: bool) -> Iterator[types.ModuleType]:
-    """For the block, ``cudagraph_utils`` runs on CPU: its pipeline group answers for the given rank, input
-    preparation, the forward context and compiled-submodule checks are no-ops, the graph pool is a stub,
-    and ``CudaGraphManager.capture`` runs each descriptor's warm-up and capture forwards eagerly in vLLM's
-    order (PIECEWISE, then FULL, the profiling pass's FULL limit kept) instead of recording graphs, and
-    leaves the plan it walked on the manager (``REPLAYED_PLAN``); with
-    ``dbo``, the microbatched path's CUDA edges too. Yields the module. Privates: those module-level names
-    (``prepare_inputs_to_capture`` and ``set_forward_context`` 0.18.0+, ``get_pp_group`` 0.19.0+,
-    ``has_compiled_submodule`` 0.30.0+, ``set_dcp_capture_context`` 0.33.0), ``CudaGraphManager.capture``,
-    ``_max_full_descs_to_capture`` (0.29.0+) and ``_graphs_captured``. A name a release lacks is set for
-    the block and removed after (nothing there calls it); a renamed one would leave vLLM's own function
-    running, which tests/test_contract_replay_loop.py (this loop against vLLM's own, on every release CI
-    covers) and the contract tests' crash / no-crash outcomes catch."""
+    """For the block, ``cudagraph_utils`` runs on CPU: its CUDA edges are stubs, and
+    ``CudaGraphManager.capture`` runs each descriptor's forwards eagerly in vLLM's order instead of recording
+    graphs, leaving the plan it walked on the manager. Yields the module. Privates: the module-level names
+    replaced below, ``CudaGraphManager.capture``, ``_max_full_descs_to_capture`` and ``_graphs_captured``;
+    a renamed one leaves vLLM's own running, which tests/test_contract_replay_loop.py catches."""
     from vllm.config.compilation import CUDAGraphMode
 
     cu = cudagraph_module()
@@ -236,28 +213,18 @@ class ManagerInputs:
 
 
 def manager_inputs(vllm_config: Any) -> ManagerInputs:
-    """Mirror ``GPUModelRunner`` (MRv2) ``load_model``/``initialize_kv_cache`` up to the manager's birth.
-
-    Parts that need the loaded model or its attention backends are taken at their usual values and
-    listed in ``notes``. Internals it calls as the runner does (0.32.0-0.34.0):
-    ``CompilationConfig.resolve_cudagraph_mode_and_sizes`` (its ``use_v2_model_runner`` keyword only
-    where it has one: 0.34.0 has no V1 runner), ``VLLM_USE_BREAKABLE_CUDAGRAPH``,
-    ``get_lora_capture_cases``, whether the draft needs auxiliary hidden states
-    (``requires_aux_hidden_states``
-    of ``eagle3_utils`` up to 0.33.0, ``SpeculativeConfig.uses_aux_hidden_states`` in 0.34.0) and
-    ``get_eagle3_aux_layers_from_config``; one renamed or re-signed raises (ImportError, TypeError,
-    AttributeError) and the pre-flight reports it, except ``get_eagle3_aux_layers_from_config``: without
-    it the auxiliary buffers are counted from the draft's layer ids, else 3 (vLLM's default before it had
-    the function).
-    """
+    """What Model Runner V2 hands the manager at its birth, computed as the runner does; what needs the
+    loaded model is taken at its usual value and listed in ``notes``. Internals:
+    ``resolve_cudagraph_mode_and_sizes``, ``get_lora_capture_cases`` and the draft's auxiliary-state
+    questions; one renamed raises and the pre-flight reports it, except the auxiliary layer count, which
+    falls back to the draft's layer ids, else 3."""
     import vllm.envs as envs
     from vllm.config.compilation import CompilationMode
     from vllm.v1.attention.backend import AttentionCGSupport
     from vllm.v1.worker.gpu.lora_utils import get_lora_capture_cases
 
     notes: list[str] = []
-    # decode_query_len = num_speculative_steps + model_state.num_new_sampled_tokens_per_step (1 for
-    # every ModelState in 0.33.0 except the diffusion-Gemma one).
+    # num_speculative_steps + num_new_sampled_tokens_per_step (1 for every ModelState but diffusion-Gemma's)
     decode_query_len = int(vllm_config.num_speculative_tokens) + 1
     compilation = vllm_config.compilation_config
     piecewise = _breakable_cudagraph(compilation, envs) or compilation.mode == CompilationMode.VLLM_COMPILE
@@ -306,8 +273,7 @@ def manager_inputs(vllm_config: Any) -> ManagerInputs:
 
 
 def _breakable_cudagraph(compilation: Any, envs: Any) -> bool:
-    """Whether PIECEWISE graphs are captured without torch.compile: vLLM's own answer from the config
-    (``compilation_config.use_breakable_cudagraph``, which 0.34.0 resolves per model), else its variable."""
+    """Whether PIECEWISE graphs are captured without torch.compile: vLLM's answer, else its variable."""
     try:
         from vllm.compilation.breakable_cudagraph import is_breakable_cudagraph_enabled
     except ImportError:
@@ -321,14 +287,13 @@ def _uses_aux_hidden_states(spec: Any) -> bool:
     """Whether the runner stages auxiliary hidden states for this draft (EAGLE3, DFlash, DSpark)."""
     try:
         from vllm.v1.worker.gpu.spec_decode.eagle.eagle3_utils import requires_aux_hidden_states
-    except ImportError:  # 0.34.0: the speculative config answers
+    except ImportError:  # the speculative config answers
         return bool(spec.uses_aux_hidden_states)
     return bool(requires_aux_hidden_states(spec))
 
 
 def _aux_layer_count(spec: Any) -> int:
-    """How many auxiliary hidden states the runner stages: vLLM's own reading of the draft's config
-    where this release has it (EAGLE3 ids, DFlash and DSpark target layers), else the EAGLE3 ids or 3."""
+    """How many auxiliary hidden states the runner stages: vLLM's reading, else the EAGLE3 ids, else 3."""
     try:
         from vllm.v1.worker.gpu.spec_decode.eagle.eagle3_utils import get_eagle3_aux_layers_from_config
     except ImportError:

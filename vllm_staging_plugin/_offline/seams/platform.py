@@ -30,8 +30,7 @@ PLATFORM_BRANCHING_MODULES = (
     "vllm.distributed.ec_transfer",
     "vllm.engine.arg_utils",
     "vllm.entrypoints.common.cli_args",
-    # 0.34.0's GDN metadata builder imports it when built, and under emulated CUDA its Triton kernels' module
-    # (ssd_chunk_scan) fails without Triton; imported here first it takes the machine's own branch
+    # the GDN metadata builder imports it; under emulated CUDA its Triton kernels' module fails without Triton
     "vllm.model_executor.layers.mamba.gdn.qwen_gdn_linear_attn",
     "vllm.model_executor.model_loader.weight_utils",
     "vllm.model_executor.models.config",
@@ -45,19 +44,15 @@ PLATFORM_BRANCHING_MODULES = (
 
 def import_under_machine_platform() -> None:
     """Import ``PLATFORM_BRANCHING_MODULES`` under the machine's own platform, before an emulated CUDA one
-    is bound: imported while CUDA is emulated, they would load CUDA extensions this machine does not have.
-    Internals: those module paths (0.33.0); a moved one raises ImportError and the pre-flight says
-    it cannot check here."""
+    is bound (under it they would load CUDA extensions). A moved one raises ImportError: cannot check here."""
     for name in PLATFORM_BRANCHING_MODULES:
         importlib.import_module(name)
 
 
 def cuda_platform_class() -> type:
     """vLLM's ``NonNvmlCudaPlatform`` class, its kernel libraries imported as empty modules where they
-    cannot load. Privates: ``vllm.platforms.cuda`` and the module names in ``NATIVE_OP_MODULES``
-    (0.32.0-0.33.0); a renamed kernel module makes the import fail as it would without this (ImportError).
-    ``sys.modules`` and ``vllm.platforms`` are left as found: later imports of those modules fail as before.
-    """
+    cannot load (``NATIVE_OP_MODULES``; renamed, the import fails as without this). ``sys.modules`` and
+    ``vllm.platforms`` are left as found."""
     try:
         import vllm.platforms.cuda as cuda
 
@@ -81,8 +76,7 @@ def cuda_platform_class() -> type:
 @contextlib.contextmanager
 def kernel_library_answers() -> Iterator[None]:
     """For the block, ``vllm._custom_ops`` answers the questions of ``KERNEL_QUERIES`` that this machine's
-    ``torch.ops._C`` cannot (no CUDA build). Private: those functions of ``vllm._custom_ops`` (0.32.0-0.33.0);
-    one vLLM no longer has is not answered, and the question, if still asked, fails as without this."""
+    ``torch.ops._C`` cannot; one vLLM no longer has is not answered."""
     import torch
     import vllm._custom_ops as ops
 
@@ -97,17 +91,13 @@ def kernel_library_answers() -> Iterator[None]:
 
 @contextlib.contextmanager
 def platform_bound(machine: Any, platform: Any) -> Iterator[None]:
-    """For the block, ``platform`` is vLLM's ``current_platform`` everywhere: in ``vllm.platforms`` and in
-    every loaded ``vllm.*`` module that bound ``machine`` when imported; and ``vllm.config.vllm.HAS_TRITON``
-    reads True as on a CUDA host (vLLM's CUDA wheels require Triton), so vLLM picks the model runner it
-    would pick there. After it, every binding of ``platform``, also in modules first imported during the
-    block, is ``machine`` again. Privates: the module-level ``current_platform`` bindings and ``HAS_TRITON``
-    (0.32.0-0.33.0); a module that stops binding it is simply not rebound."""
+    """For the block, ``platform`` is vLLM's ``current_platform`` in every ``vllm.*`` module that bound
+    ``machine``, and ``HAS_TRITON`` is True as on a CUDA host (so vLLM picks the runner it would there).
+    After it, every binding of ``platform``, also in modules imported meanwhile, is ``machine`` again."""
     import vllm.config.vllm as config_module
     import vllm.platforms
 
-    # vllm.platforms binds current_platform only once resolved (else its module __getattr__ resolves it
-    # lazily): attributes() puts back exactly that, bound or not
+    # vllm.platforms binds current_platform only once resolved: attributes() puts back that, bound or not
     try:
         with (
             attributes(vllm.platforms, {"current_platform": platform}),
