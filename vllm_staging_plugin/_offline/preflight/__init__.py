@@ -155,7 +155,7 @@ def run(
                 config = configure(words)
                 runs = replay_stock(config, seams.manager_inputs(config))
                 used = sorted(config.compilation_config.cudagraph_capture_sizes or [])
-                return all(run.arm.ok for run in runs), runs[-1].arm.plan, used
+                return all(arm.ok for arm in runs), runs[-1].plan, used
 
             tokens = int(vllm_config.num_speculative_tokens)
             with phases.phase("workaround"):
@@ -247,17 +247,13 @@ def _without_replayssm(argv: Sequence[str], configure: Any, settings: Any) -> Se
 
 def _replayed(vllm_config: Any, settings: Settings) -> tuple[seams.ManagerInputs, list[StageResult]]:
     """Both arms at every pipeline stage: stock in vLLM's own order, then the plugin with ``settings``."""
-    from .replay import replay_arm, replay_stock
+    from .replay import pipeline_stages, replay_arm, replay_stock
 
     inputs = seams.manager_inputs(vllm_config)
+    stock = replay_stock(vllm_config, inputs)
     stages = [
-        StageResult(
-            run.stage.index,
-            run.stage.staged,
-            run.arm,
-            replay_arm(vllm_config, inputs, patched=True, stage=run.stage, settings=settings),
-        )
-        for run in replay_stock(vllm_config, inputs)
+        StageResult(stage.index, stage.staged, arm, replay_arm(vllm_config, inputs, True, stage, settings))
+        for stage, arm in zip(pipeline_stages(vllm_config), stock, strict=True)
     ]
     return inputs, stages
 

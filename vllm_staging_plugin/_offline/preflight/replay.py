@@ -25,28 +25,19 @@ class Stage:
         return "hidden_states" if self.last else "intermediate_tensors"
 
 
-@dataclass(frozen=True)
-class StageReplay:
-    """One arm replayed at one pipeline stage."""
-
-    stage: Stage
-    arm: ReplayResult
-
-
-def pipeline_stages(pipeline_parallel_size: int) -> list[Stage]:
+def pipeline_stages(vllm_config: Any) -> list[Stage]:
     """One stage per distinct staging path: the first, one middle stage (they all behave alike), the last."""
-    pp = max(1, pipeline_parallel_size)
+    pp = max(1, int(vllm_config.parallel_config.pipeline_parallel_size))
     if pp == 1:
         return [Stage(0, True, True)]
     middle = [Stage(1, False, False)] if pp > 2 else []
     return [Stage(0, True, False), *middle, Stage(pp - 1, False, True)]
 
 
-def replay_stock(vllm_config: Any, inputs: seams.ManagerInputs) -> list[StageReplay]:
-    """Stock in vLLM's own order at every pipeline stage (each arm's ``plan`` is vLLM's, the same at every
-    stage)."""
-    stages = pipeline_stages(int(vllm_config.parallel_config.pipeline_parallel_size))
-    return [StageReplay(stage, replay_arm(vllm_config, inputs, False, stage)) for stage in stages]
+def replay_stock(vllm_config: Any, inputs: seams.ManagerInputs) -> list[ReplayResult]:
+    """Stock in vLLM's own order at each of :func:`pipeline_stages` (each arm's ``plan`` is vLLM's, the same
+    at every stage)."""
+    return [replay_arm(vllm_config, inputs, False, stage) for stage in pipeline_stages(vllm_config)]
 
 
 def replay_arm(
