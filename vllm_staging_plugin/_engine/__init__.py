@@ -7,29 +7,14 @@ share one base (:mod:`.fix`), :mod:`.installer` starts them, :mod:`.compat` is t
 
 from __future__ import annotations
 
-UNKNOWN_VERSION = "0+unknown"  # a vendored copy: a valid version that says it is not known
+UNKNOWN_VERSION = "0+unknown"  # not installed (a vendored copy): a valid version that says it is not known
 
 
 def plugin_version() -> str:
-    """The installed package's version, else the source tree's ``pyproject.toml``, else unknown."""
+    """The installed package's version; vLLM discovers the plugin only when it is installed."""
     from importlib.metadata import PackageNotFoundError, version
 
     try:
         return version("vllm-staging-plugin")
     except PackageNotFoundError:
-        return _source_tree_version()
-
-
-def _source_tree_version() -> str:
-    """By pattern: ``tomllib`` is not in Python 3.10."""
-    import re
-    from pathlib import Path
-
-    try:
-        text = (Path(__file__).parents[2] / "pyproject.toml").read_text()
-    except (OSError, UnicodeDecodeError):
         return UNKNOWN_VERSION
-    if not re.search(r'^name = "vllm-staging-plugin"$', text, re.M):
-        return UNKNOWN_VERSION
-    found = re.search(r'^version = "([^"]+)"$', text, re.M)
-    return found.group(1) if found else UNKNOWN_VERSION
