@@ -22,11 +22,11 @@ from hypothesis import HealthCheck, assume, event, given, settings
 from hypothesis import strategies as st
 from replays import replay_tensors
 
-from vllm_staging_plugin._offline import cpu_replay
+from vllm_staging_plugin._offline import cpu_replay, seams
 from vllm_staging_plugin._offline.cpu_replay import ReplayConfig, ReplayResult
 
 pytestmark = pytest.mark.contract
-FEATURES = cpu_replay.features()
+FEATURES = seams.manager_features()
 MODES = ("FULL", "FULL_DECODE_ONLY", "PIECEWISE", "FULL_AND_PIECEWISE")
 SHAPE_MISMATCH = "must match the existing size"
 BOUNDED = settings(

@@ -177,7 +177,7 @@ def test_the_graph_pool_stub_answers_vllms_getter_and_is_gone_after() -> None:
 def test_the_manager_features_of_this_release() -> None:
     """The knobs the atlas searches, as each release's manager has them (0.33.0: every one)."""
 
-    features = seams.manager_features(seams.cudagraph_module())
+    features = seams.manager_features()
     assert features == {knob: has_since(first) for knob, first in KNOB_SINCE.items()}
 
 
@@ -189,7 +189,7 @@ def test_the_manager_is_built_with_the_knobs_its_release_has_and_captures_on_cpu
     from vllm_staging_plugin._offline import cpu_replay
     from vllm_staging_plugin._offline.cpu_replay.stand_ins import Model
 
-    features = seams.manager_features(seams.cudagraph_module())
+    features = seams.manager_features()
     cfg = cpu_replay.ReplayConfig(mode="PIECEWISE", sizes=(1, 2, 4), max_num_seqs=4, hidden_size=8)
     with cpu_replay.cpu_stubs(cfg), cpu_replay.stock_or_patched(False):
         vllm_config = cpu_replay.make_vllm_config(cfg)

@@ -12,7 +12,6 @@ from fakes import FULL, PIECEWISE, Desc, descs
 from vllm_staging_plugin._engine.sizing import (
     capture_sequence,
     captured_modes,
-    staging_bytes,
     staging_capacity,
 )
 
@@ -51,9 +50,3 @@ def test_a_list_mixing_the_modes_is_named_by_its_modes_and_each_step_keeps_its_o
     assert captured_modes({PIECEWISE: [bare]}) == ["PIECEWISE"]
     assert capture_sequence({PIECEWISE: [bare, Desc(FULL, 1)]}) == {"PIECEWISE+FULL": [4, 1]}
     assert captured_modes({}) == []
-
-
-def test_staging_bytes() -> None:
-    assert staging_bytes(512, [4096], 2) == 512 * 4096 * 2
-    assert staging_bytes(3, [2, 5], 4) == 3 * 2 * 5 * 4
-    assert staging_bytes(7, [], 2) == 14

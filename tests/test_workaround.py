@@ -22,13 +22,13 @@ pytest.importorskip("vllm.v1.worker.gpu.cudagraph_utils")
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from vllm_staging_plugin._offline import cpu_replay
+from vllm_staging_plugin._offline import cpu_replay, seams
 from vllm_staging_plugin._offline.cli import main
 from vllm_staging_plugin._offline.cpu_replay import ReplayConfig
 from vllm_staging_plugin._offline.preflight import workaround
 
 pytestmark = [pytest.mark.contract, pytest.mark.usefixtures("model_inspection_cache")]
-FEATURES = cpu_replay.features()
+FEATURES = seams.manager_features()
 POWERS_TO_512 = [1, 2, 4, 8, 16, 32, 64, 128, 256, 512]
 K3_WIDTHS = [  # 8 speculative tokens (decode_query_len 9), 48 sequences, a power-of-two grid: (256) vs (261)
     "--speculative-config", '{"method": "ngram", "num_speculative_tokens": 8, "prompt_lookup_max": 2}',

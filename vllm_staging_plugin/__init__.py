@@ -7,8 +7,7 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, nullcontext
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -52,14 +51,9 @@ def register() -> None:
     _installed = installer
 
 
-@contextmanager
-def suspended() -> Iterator[None]:
+def suspended() -> AbstractContextManager[None]:
     """For the offline tools: the registered fixes off vLLM's classes for the block, then back."""
-    if _installed is None:
-        yield
-        return
-    with _installed.suspended():
-        yield
+    return nullcontext() if _installed is None else _installed.suspended()
 
 
 def unregister() -> None:

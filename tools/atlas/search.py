@@ -110,10 +110,10 @@ def sweep(search: Search, feats: dict[str, bool]) -> dict[str, Any]:
 def run_search(scope: str, memo: bool, with_sweep: bool = True) -> dict[str, Any]:
     """Search ``scope`` (a key of :data:`~.space.SEARCHES`) on the installed vLLM; one summary row."""
     from vllm_staging_plugin._engine import compat
-    from vllm_staging_plugin._offline import cpu_replay
+    from vllm_staging_plugin._offline import seams
 
     started = time.monotonic()
-    feats = cpu_replay.features()
+    feats = seams.manager_features()
     search = SEARCHES[scope]
     skipped = [f"{name}: not in this release" for name, present in feats.items() if not present]
     positions = [p for p in search.pp if feats["intermediate_tensors"] or PP[p][1]]

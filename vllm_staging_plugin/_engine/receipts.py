@@ -69,18 +69,15 @@ REQUIRED_FIELDS = tuple(sorted(Receipt.__required_keys__))
 _counter = itertools.count()
 
 
-def receipt_name(kind: str, rank: int) -> str:
-    host = socket.gethostname().replace(os.sep, "_")
-    return f"receipt-{kind}-{host}-pid{os.getpid()}-rank{rank}-{next(_counter)}-{time.time_ns()}.json"
-
-
 def write_receipt(directory: Path, receipt: Receipt) -> Path:
     """Write ``receipt`` atomically into ``directory`` (created if needed); returns its path."""
     missing = [f for f in REQUIRED_FIELDS if f not in receipt]
     if missing:
         raise ValueError(f"receipt lacks fields: {', '.join(missing)}")
     directory.mkdir(parents=True, exist_ok=True)
-    target = directory / receipt_name(str(receipt["kind"]), int(receipt["rank"]))
+    host = socket.gethostname().replace(os.sep, "_")
+    name = f"receipt-{receipt['kind']}-{host}-pid{os.getpid()}-rank{receipt['rank']}-{next(_counter)}"
+    target = directory / f"{name}-{time.time_ns()}.json"
     fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=".json", dir=directory)
     try:
         with os.fdopen(fd, "w") as handle:

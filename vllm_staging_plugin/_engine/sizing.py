@@ -31,14 +31,6 @@ def capture_sequence(capture_descs: Mapping[Any, Sequence[Descriptor]]) -> dict[
     return {name: tokens for _, name, tokens in named}
 
 
-def staging_bytes(rows: int, trailing_shape: Sequence[int], element_size: int) -> int:
-    """Bytes of one buffer of ``rows`` rows: rows x prod(trailing dims) x element size."""
-    size = rows * element_size
-    for dim in trailing_shape:
-        size *= int(dim)
-    return size
-
-
 def captured_modes(capture_descs: Mapping[Any, Sequence[Descriptor]]) -> list[str]:
     """Each descriptor's own mode, in capture order (vLLM captures a descriptor in its ``cg_mode``)."""
     ordered = sorted(capture_descs.items(), key=lambda item: mode_rank(item[0]))

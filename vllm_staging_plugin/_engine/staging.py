@@ -16,7 +16,7 @@ from typing import Any
 import torch
 
 from .settings import DEFAULT_ORDER, ENV_ORDER, Settings
-from .sizing import CAPTURE_MODE_ORDER, Descriptor, staging_bytes
+from .sizing import CAPTURE_MODE_ORDER, Descriptor
 
 STATE_ATTR = "_vllm_staging"  # per manager: its ManagerState, in the instance __dict__
 
@@ -61,7 +61,7 @@ def staging_buffer_bytes(manager: object) -> dict[str, dict[str, Any]]:
             "rows": int(t.shape[0]),
             "shape": list(t.shape),
             "dtype": str(t.dtype).removeprefix("torch."),
-            "bytes": staging_bytes(int(t.shape[0]), t.shape[1:], t.element_size()),
+            "bytes": t.numel() * t.element_size(),
         }
         for name, t in staging_tensors(manager).items()
     }
@@ -163,11 +163,12 @@ def capture_view(cls: type, names: Sequence[str]) -> type:
 
 
 @contextmanager
-def intercepting(manager: Any, view: type) -> Iterator[None]:
-    """For one capture, the manager in ``view``: vLLM's class stays free of plugin code at every replay."""
-    cls = type(manager)
-    manager.__class__ = view
+def swapped(manager: Any, name: str, value: Any) -> Iterator[None]:
+    """``manager.name`` is ``value`` for one capture, then what it was: its class (a capture view, so vLLM's
+    class stays free of plugin code at every replay), or its descriptor lists (in policy order)."""
+    before = getattr(manager, name)
+    setattr(manager, name, value)
     try:
         yield
     finally:
-        manager.__class__ = cls
+        setattr(manager, name, before)

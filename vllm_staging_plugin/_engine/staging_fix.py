@@ -20,8 +20,8 @@ from __future__ import annotations
 
 import functools
 import logging
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager, nullcontext
+from collections.abc import Callable
+from contextlib import nullcontext
 from typing import TYPE_CHECKING, Any
 
 from . import compat
@@ -141,18 +141,19 @@ class StagingFix(RuntimeFix):
             profiling = marked is not False
             if marked is None and settings.order != DEFAULT_ORDER:
                 self._unknown_profiling_mark()  # vLLM's order kept, pre-sizing goes on
-            ordered = None  # this capture's descriptors in policy order; vLLM's own when None
+            in_order: Any = nullcontext()  # vLLM's own order
             if not profiling and settings.order != DEFAULT_ORDER:  # profiling keeps vLLM's order
                 ordered = self._policies().reordered(settings, manager._capture_descs)
                 from .agreement import check_coupled_ranks  # torch.distributed: only for an order
 
                 state.ranks_agreed = check_coupled_ranks(settings, ordered, manager.vllm_config)
+                in_order = staging.swapped(manager, "_capture_descs", ordered)
             receipt: Any = nullcontext()
             if settings.receipts_dir is not None:
                 from .capture_session import receipt_session
 
                 receipt = receipt_session(manager, state, profiling)
-            with _in_order(manager, ordered), receipt:
+            with in_order, receipt:
                 if not presizing:
                     return original(manager, *args, **kwargs)
                 state.first_tokens = staging.first_tokens(manager._capture_descs)
@@ -179,8 +180,6 @@ class StagingFix(RuntimeFix):
         )
 
     def _stand_down(self) -> None:
-        if self.vllm_sizes_staging:
-            return
         self.vllm_sizes_staging = True
         logger.info(
             "vllm-staging-plugin: this vLLM already pre-sizes its CUDA-graph staging buffers to the largest "
@@ -196,25 +195,11 @@ class StagingFix(RuntimeFix):
         return self.policies
 
     def _staging(self, manager: Any) -> Any:
-        from .staging import capture_view, intercepting
+        from .staging import capture_view, swapped
 
         names = tuple(name for name in compat.STAGING_INITIAL if name in manager.__dict__)
         key = (type(manager), names)
         view = self._views.get(key)
         if view is None:
             view = self._views[key] = capture_view(type(manager), names)
-        return intercepting(manager, view)
-
-
-@contextmanager
-def _in_order(manager: Any, ordered: dict[Any, list[Any]] | None) -> Iterator[None]:
-    """Capture ``ordered`` instead of vLLM's lists, then give the manager its own lists back."""
-    if ordered is None:
-        yield
-        return
-    stock = manager._capture_descs
-    manager._capture_descs = ordered
-    try:
-        yield
-    finally:
-        manager._capture_descs = stock
+        return swapped(manager, "__class__", view)

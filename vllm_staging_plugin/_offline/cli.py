@@ -29,7 +29,7 @@ def render_main_job(job: MainJob) -> str:
     """The main job's report, as far as the job got."""
     versions = job.versions
     lines = [
-        f"vllm-staging-plugin {job.plugin_version}",
+        f"vllm-staging-plugin {__version__}",
         f"installed: {_installed(versions, 'vllm')}, {_installed(versions, 'torch')}",
     ]
     if job.config_error is not None:
@@ -91,7 +91,9 @@ def check(args: argparse.Namespace) -> int:
     """The main job: what is installed, whether the plugin would patch it, and a CPU replay."""
     from . import main_job
 
-    job = main_job.run(**demo_settings(args), order=args.order)
+    given = {dest: getattr(args, dest) for dest in DEMO_DEFAULTS}  # the synthetic configuration
+    demo = {dest: DEMO_DEFAULTS[dest] if value is None else value for dest, value in given.items()}
+    job = main_job.run(**demo, order=args.order)
     print(render_main_job(job))
     return job.exit_code
 
@@ -164,13 +166,10 @@ def _patch_error(code: Exit, message: str) -> int:
 
 
 def _not_needed(name: str, fits: bool) -> bool:
-    """The presize patch does not fit a vLLM that sizes its staging itself. The replay (it imports torch
-    and vLLM) runs only where the patch does not fit."""
-    return name == "presize" and not fits and _vllm_sizes_staging()
-
-
-def _vllm_sizes_staging() -> bool:
-    """By behaviour, not by version: the installed vLLM's own staging code replayed on CPU."""
+    """The presize patch does not fit a vLLM that sizes its staging itself, which its own staging code
+    replayed on CPU shows (by behaviour, not by version; run only where the patch does not fit)."""
+    if name != "presize" or fits:
+        return False
     try:
         from . import cpu_replay  # torch and vLLM
 
@@ -281,14 +280,6 @@ DEMO_DEFAULTS: dict[str, Any] = {
     "max_num_seqs": 128,
     "hidden_size": 4096,
 }
-
-
-def demo_settings(args: argparse.Namespace) -> dict[str, Any]:
-    """The demonstration's synthetic configuration: the options given, the defaults for the rest."""
-    return {
-        dest: default if getattr(args, dest) is None else getattr(args, dest)
-        for dest, default in DEMO_DEFAULTS.items()
-    }
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .. import __version__
 from .._engine.settings import DEFAULT_ORDER, ConfigError, Settings, read_settings
 from . import cpu_replay, seams
 from .exits import Exit
@@ -31,17 +30,12 @@ class Replays:
         """Under vLLM's own order the plugin's buffers are stock's, where stock boots."""
         return self.stock_default.ok and self.stock_default.buffers == self.patched_default.buffers
 
-    @property
-    def patched_full(self) -> bool:
-        return self.patched.holds(self.patched.capacity)
-
 
 @dataclass
 class MainJob:
     """Everything the main job found, in the order it found it; a later part is None when an earlier one
     stopped the job (an invalid configuration, no vLLM, a vLLM the plugin would not patch)."""
 
-    plugin_version: str
     versions: dict[str, str | None]
     settings: Settings | None = None
     config_error: str | None = None
@@ -58,14 +52,15 @@ class MainJob:
             return Exit.BAD_INPUT
         if self.replays is None:
             return Exit.FAILS
-        return Exit.OK if self.replays.identical and self.replays.patched_full else Exit.FAILS
+        patched = self.replays.patched
+        return Exit.OK if self.replays.identical and patched.holds(patched.capacity) else Exit.FAILS
 
 
 def run(mode: str, max_size: int, max_num_seqs: int, hidden_size: int, order: str | None) -> MainJob:
     from .._engine import compat
     from .._engine.policies import PolicyRegistry
 
-    job = MainJob(__version__, compat.installed_versions())
+    job = MainJob(compat.installed_versions())
     try:
         job.settings = read_settings()
         policies = PolicyRegistry.load()

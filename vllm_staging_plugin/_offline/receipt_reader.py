@@ -12,11 +12,8 @@ from .._engine.receipts import REQUIRED_FIELDS, SCHEMA, Receipt
 
 logger = logging.getLogger("vllm.staging_plugin")
 
-Skip = Callable[[Path, str], None]
-"""Told about each JSON file that is not a receipt: its path and why."""
 
-
-def read_receipts(directory: Path, on_skip: Skip | None = None) -> list[Receipt]:
+def read_receipts(directory: Path, on_skip: Callable[[Path, str], None] | None = None) -> list[Receipt]:
     """Every complete receipt in the ``*.json`` files under ``directory`` (recursively, whatever their name;
     ``write_receipt``'s ``.tmp-*`` files are ignored), oldest first.
 

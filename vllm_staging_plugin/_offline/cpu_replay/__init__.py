@@ -10,7 +10,6 @@ from .config import (
     default_sizes,
     derived_capture_sizes,
     make_vllm_config,
-    speculative_config,
 )
 from .run import (
     PATCHED,
@@ -18,7 +17,6 @@ from .run import (
     arm_settings,
     build_manager,
     cpu_stubs,
-    features,
     replay,
     run_capture,
     stock_or_patched,
@@ -35,11 +33,9 @@ __all__ = [
     "cpu_stubs",
     "default_sizes",
     "derived_capture_sizes",
-    "features",
     "make_vllm_config",
     "replay",
     "run_capture",
-    "speculative_config",
     "stock_or_patched",
     "vllm_sizes_staging",
 ]

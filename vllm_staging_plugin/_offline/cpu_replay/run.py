@@ -69,11 +69,6 @@ def conclusive(exc: BaseException) -> bool:
     ).__module__.startswith("vllm_staging_plugin._engine")
 
 
-def features() -> dict[str, bool]:
-    """Which descriptor knobs the installed release has, read from its structure (not its version)."""
-    return seams.manager_features(seams.cudagraph_module())
-
-
 @contextlib.contextmanager
 def cpu_stubs(cfg: ReplayConfig) -> Iterator[types.ModuleType]:
     """Stub the CUDA-only edges of ``cudagraph_utils`` for the duration of the block."""

@@ -33,7 +33,6 @@ from .manager import (
 )
 from .platform import (
     KERNEL_QUERIES,
-    PLATFORM_BRANCHING_MODULES,
     cuda_platform_class,
     import_under_machine_platform,
     kernel_library_answers,
@@ -42,7 +41,6 @@ from .platform import (
 
 __all__ = [
     "KERNEL_QUERIES",
-    "PLATFORM_BRANCHING_MODULES",
     "KdaMixedStep",
     "ManagerInputs",
     "SeamChanged",

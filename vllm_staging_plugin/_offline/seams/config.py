@@ -17,16 +17,14 @@ def derive_capture_sizes(vllm_config: Any) -> list[int]:
     return list(vllm_config.compilation_config.cudagraph_capture_sizes)
 
 
-def split_capture_sizes(vllm_config: Any, decode_query_len: int) -> bool:
+def split_capture_sizes(vllm_config: Any, decode_query_len: int) -> None:
     """Have vLLM split ``cudagraph_capture_sizes`` into the prefill and decode sizes its manager reads, as
-    its ``__post_init__`` does for an operator's grid; False on a release without the split. Private:
+    its ``__post_init__`` does for an operator's grid; nothing on a release without the split. Private:
     ``VllmConfig._split_cudagraph_capture_sizes``; re-signed, TypeError. ``legacy_sizes=False``: vLLM's
     deprecation warning is for the operator's grid, not the replay's."""
     split = getattr(vllm_config, "_split_cudagraph_capture_sizes", None)
-    if split is None:
-        return False
-    split(False, vllm_config.get_decode_cudagraph_query_lens(decode_query_len))
-    return True
+    if split is not None:
+        split(False, vllm_config.get_decode_cudagraph_query_lens(decode_query_len))
 
 
 @contextlib.contextmanager

@@ -44,17 +44,15 @@ class _Built(Exception):
         self.cls = cls
 
 
-def kda_layer_class(vllm_config: Any) -> Any:
+def kda_layer_class(vllm_config: Any, model_cls: Any = None) -> Any:
     """The KDA layer class vLLM's Kimi decoder builds for this model, or None when the model has none.
 
     Private: ``KimiDecoderLayer`` of the model's module, which picks Kimi-K3's own layer or the shared
     one. It is built for the first KDA layer with every Mamba-layer class replaced by a recorder, so the
     answer is vLLM's own choice. No such decoder: None; one that builds no Mamba layer: SeamChanged.
+    ``model_cls``: the model class vLLM resolves, when the caller has it.
     """
-    return _kda_layer_class(vllm_config, model_class(vllm_config))
-
-
-def _kda_layer_class(vllm_config: Any, model_cls: Any) -> Any:
+    model_cls = model_cls or model_class(vllm_config)
     text = vllm_config.model_config.hf_text_config
     module = sys.modules[model_cls.__module__]
     decoder = getattr(module, "KimiDecoderLayer", None)
@@ -131,7 +129,7 @@ def kda_mixed_step(
     if not num_spec:
         return None
     model_cls = model_class(vllm_config)
-    layer_cls = _kda_layer_class(vllm_config, model_cls)
+    layer_cls = kda_layer_class(vllm_config, model_cls)
     if layer_cls is None:
         return None
     import torch

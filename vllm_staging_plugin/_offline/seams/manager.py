@@ -117,13 +117,14 @@ def capture_plan(manager: Any) -> dict[Any, list[Any]]:
     return manager._capture_descs  # type: ignore[no-any-return]
 
 
-def manager_features(cudagraph_module: Any) -> dict[str, bool]:
+def manager_features() -> dict[str, bool]:
     """Which descriptor knobs the release's graph manager has, read from its structure. Privates: the
     constructor's parameters and the source of ``_init_candidates`` and ``__init__``; a renamed knob reads
     as absent."""
-    params = inspect.signature(cudagraph_module.ModelCudaGraphManager.__init__).parameters
-    candidates = inspect.getsource(cudagraph_module.CudaGraphManager._init_candidates)
-    init = inspect.getsource(cudagraph_module.ModelCudaGraphManager.__init__)
+    cu = cudagraph_module()
+    params = inspect.signature(cu.ModelCudaGraphManager.__init__).parameters
+    candidates = inspect.getsource(cu.CudaGraphManager._init_candidates)
+    init = inspect.getsource(cu.ModelCudaGraphManager.__init__)
     return {
         "lora_capture_cases": "lora_capture_cases" in params,
         "varlen_decode": "varlen_decode" in params,
@@ -140,8 +141,7 @@ REPLAYED_PLAN = "_cpu_replay_plan"
 
 def replayed_plan(manager: Any) -> dict[Any, list[Any]] | None:
     """The plan :func:`cpu_capture_edges`' loop walked on ``manager``, or None before a capture."""
-    walked: dict[Any, list[Any]] | None = vars(manager).get(REPLAYED_PLAN)
-    return walked
+    return vars(manager).get(REPLAYED_PLAN)  # type: ignore[no-any-return]
 
 
 @contextlib.contextmanager
