@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from typing import Any
+from unittest import mock
 
 import torch
 
@@ -13,6 +14,8 @@ from vllm_staging_plugin._engine.settings import Settings
 from vllm_staging_plugin._engine.staging import staging_tensors
 from vllm_staging_plugin._offline import cpu_replay, seams
 from vllm_staging_plugin._offline.cpu_replay import PATCHED, ReplayConfig, ReplayResult
+from vllm_staging_plugin._offline.cpu_replay import run as cpu_replay_run
+from vllm_staging_plugin._offline.cpu_replay.stand_ins import Model
 
 Reorder = Callable[[list[Any]], list[Any]]
 
@@ -28,11 +31,30 @@ def reorder_plan(manager: Any, reorder: Reorder) -> None:
         plan[mode] = reorder(list(descs))
 
 
+class PatternModel(Model):
+    """Outputs of small integers (exact in every float dtype) that differ per forward size, row, column
+    and output, so that staging contents can be compared byte for byte."""
+
+    def output(self, rows: int, index: int) -> torch.Tensor:
+        width = self.cfg.hidden_size
+        values = torch.arange(rows * width).reshape(rows, width) + 7 * rows + 31 * index
+        return (values % 97).to(self.cfg.dtype)
+
+
 def replay_tensors(
-    cfg: ReplayConfig, patched: bool, reorder: Reorder | None = None, settings: Settings = PATCHED
+    cfg: ReplayConfig,
+    patched: bool,
+    reorder: Reorder | None = None,
+    settings: Settings = PATCHED,
+    model: type[Model] = PatternModel,
 ) -> tuple[ReplayResult, dict[str, torch.Tensor]]:
-    """``cpu_replay.replay`` in ``reorder``'s order, plus the staging tensors (by display name)."""
-    with cpu_replay.cpu_stubs(cfg), cpu_replay.stock_or_patched(patched, settings):
+    """``cpu_replay.replay`` in ``reorder``'s order with ``model``'s outputs (default: a pattern, to compare
+    contents), plus the staging tensors (by display name)."""
+    with (
+        cpu_replay.cpu_stubs(cfg),
+        cpu_replay.stock_or_patched(patched, settings),
+        mock.patch.object(cpu_replay_run, "Model", model),
+    ):
         manager = cpu_replay.build_manager(cfg)
         if reorder is not None:
             reorder_plan(manager, reorder)
@@ -43,4 +65,4 @@ def replay_tensors(
 def replay(
     cfg: ReplayConfig, patched: bool, reorder: Reorder | None = None, settings: Settings = PATCHED
 ) -> ReplayResult:
-    return replay_tensors(cfg, patched, reorder, settings)[0]
+    return replay_tensors(cfg, patched, reorder, settings, Model)[0]

@@ -76,7 +76,6 @@ def configurations(draw: st.DrawFn, recoverssm: bool = False) -> ReplayConfig:
         dbo=FEATURES["dbo"] and draw(st.booleans()),
         dbo_decode_token_threshold=draw(st.sampled_from([2, 32])),
         speculative_schedule=schedule,
-        output="pattern",
     )
 
 
@@ -166,7 +165,7 @@ def test_the_generator_reaches_stock_crashes_in_vllms_own_order() -> None:
         pytest.skip("this vLLM release has no KDA recover-SSM cap")
     cfg = ReplayConfig(
         mode="FULL_AND_PIECEWISE", sizes=(1, 2, 4, 8, 16), max_num_seqs=4, decode_query_len=3,
-        hidden_size=8, use_kda_recoverssm=True, output="pattern",
+        hidden_size=8, use_kda_recoverssm=True,
     )  # fmt: skip
     stock, _ = replay_tensors(cfg, patched=False)
     patched, tensors = replay_tensors(cfg, patched=True)

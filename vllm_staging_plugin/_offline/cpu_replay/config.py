@@ -51,7 +51,6 @@ class ReplayConfig:
     speculative_schedule: tuple[tuple[int, int, int], ...] | None = None
     """Dynamic speculative decoding's (first batch size, last, draft tokens) tiers: the dense decode
     schedule (0.26+); ``decode_query_len - 1`` is the configured number of speculative tokens."""
-    output: str = "zeros"  # "pattern": rows depend on (num_tokens, row, column), so contents can be compared
 
 
 def make_vllm_config(cfg: ReplayConfig) -> Any:

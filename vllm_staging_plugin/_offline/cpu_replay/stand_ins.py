@@ -12,7 +12,7 @@ from .config import ReplayConfig
 
 
 class Model(torch.nn.Module):  # type: ignore[misc]
-    """The model ``capture()`` runs: outputs of the replayed shape (zeros, or a pattern to compare)."""
+    """The model ``capture()`` runs: zero outputs of the replayed shape."""
 
     def __init__(self, cfg: ReplayConfig) -> None:
         super().__init__()
@@ -25,23 +25,15 @@ class Model(torch.nn.Module):  # type: ignore[misc]
         assert positions is not None
         n, cfg = positions.shape[0], self.cfg
         self.forwards.append(n)
-
-        def output(salt: int) -> torch.Tensor:
-            if cfg.output == "pattern":
-                return _pattern(n, cfg, salt)
-            return torch.zeros(n, cfg.hidden_size, dtype=cfg.dtype)
-
         if not cfg.last_pp_rank:
-            return IntermediateTensors({k: output(i) for i, k in enumerate(cfg.intermediate_keys)})
+            return IntermediateTensors({k: self.output(n, i) for i, k in enumerate(cfg.intermediate_keys)})
         if cfg.aux_layers:
-            return output(0), [output(i + 1) for i in range(cfg.aux_layers)]
-        return output(0)
+            return self.output(n, 0), [self.output(n, i + 1) for i in range(cfg.aux_layers)]
+        return self.output(n, 0)
 
-
-def _pattern(n: int, cfg: ReplayConfig, salt: int) -> torch.Tensor:
-    """Small integers (exact in every float dtype) that differ per forward size, row, column and output."""
-    values = torch.arange(n * cfg.hidden_size).reshape(n, cfg.hidden_size) + 7 * n + 31 * salt
-    return (values % 97).to(cfg.dtype)
+    def output(self, rows: int, index: int) -> torch.Tensor:
+        """Output ``index`` of a forward of ``rows`` tokens (0: hidden states, then aux or intermediates)."""
+        return torch.zeros(rows, self.cfg.hidden_size, dtype=self.cfg.dtype)
 
 
 class UbatchRunner:
