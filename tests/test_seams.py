@@ -1,8 +1,7 @@
 """Contract tests of ``_offline/seams/`` against the installed vLLM: each private it reaches still answers
-as its docstring says, and the process is left as it was found. CI runs them on every supported release
-it covers (tools/compat_matrix.py: 0.18.0, 0.24.0, 0.29.0, and the installed 0.33.0); the pre-flight's
-seams need the parser the pre-flight uses (``vllm.entrypoints.common.cli_args``, 0.33.0) and skip
-without it."""
+as its docstring says, and the process is left as it was found. CI runs them on every release it covers
+(tools/compat_matrix.py's, the installed 0.33.0 and 0.34.0); the pre-flight's seams need the parser the
+pre-flight uses (``vllm.entrypoints.common.cli_args``) and skip without it."""
 
 from __future__ import annotations
 

@@ -20,7 +20,7 @@ def default_sizes(max_size: int) -> tuple[int, ...]:
 
 
 DEFAULT_SIZES = default_sizes(512)
-# The compilation fields that split the capture sizes into prefill tokens and decode requests (0.34.0).
+# The compilation fields that split the capture sizes into prefill tokens and decode requests.
 SPLIT_SIZE_FIELDS = (
     "prefill_cudagraph_capture_token_sizes", "max_prefill_cudagraph_capture_tokens",
     "decode_cudagraph_capture_request_sizes", "max_decode_cudagraph_capture_requests",
@@ -44,13 +44,13 @@ class ReplayConfig:
     intermediate_keys: tuple[str, ...] = ("hidden_states", "residual")
     lora_capture_cases: list[int] | None = None
     # Descriptor knobs of later releases (atlas, property tests); off by default.
-    use_kda_recoverssm: bool = False  # cache_config.use_kda_recoverssm (0.30+): PIECEWISE capped at decode
-    varlen_decode: bool = False  # adaptive verification's varlen FULL decode graphs (0.28+)
-    dbo: bool = False  # dual-batch overlap: a ubatch runner, so FULL descriptors get microbatch twins (0.30+)
+    use_kda_recoverssm: bool = False  # cache_config.use_kda_recoverssm: PIECEWISE capped at decode
+    varlen_decode: bool = False  # adaptive verification's varlen FULL decode graphs
+    dbo: bool = False  # dual-batch overlap: a ubatch runner, so FULL descriptors get microbatch twins
     dbo_decode_token_threshold: int = 32  # parallel_config.dbo_decode_token_threshold (vLLM's default)
     speculative_schedule: tuple[tuple[int, int, int], ...] | None = None
     """Dynamic speculative decoding's (first batch size, last, draft tokens) tiers: the dense decode
-    schedule (0.26+); ``decode_query_len - 1`` is the configured number of speculative tokens."""
+    schedule; ``decode_query_len - 1`` is the configured number of speculative tokens."""
 
 
 def make_vllm_config(cfg: ReplayConfig) -> Any:

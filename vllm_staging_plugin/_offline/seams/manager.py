@@ -159,14 +159,14 @@ def cpu_capture_edges(first_pp_rank: bool, last_pp_rank: bool, dbo: bool) -> Ite
     def stored_order_capture(
         self: Any, create_forward_fn: Any, progress_bar_desc: str = ""
     ) -> dict[Any, Any]:
-        takes_warmup = "warmup" in inspect.signature(create_forward_fn).parameters  # 0.19+
+        takes_warmup = "warmup" in inspect.signature(create_forward_fn).parameters
 
         def forward(desc: Any, warmup: bool) -> None:
             made = create_forward_fn(desc, warmup=warmup) if takes_warmup else create_forward_fn(desc)
-            # 0.24-0.27 return (forward_fn, attention_state); others return forward_fn
+            # some releases return (forward_fn, attention_state), others forward_fn
             (made[0] if isinstance(made, tuple) else made)(CUDAGraphMode.NONE)
 
-        limit = getattr(self, "_max_full_descs_to_capture", None)  # profiling hook, 0.29+
+        limit = getattr(self, "_max_full_descs_to_capture", None)  # the profiling pass's limit
         plan = vars(self)[REPLAYED_PLAN] = capture_plan(self)  # a patch may have swapped in its order
         for mode in (CUDAGraphMode.PIECEWISE, CUDAGraphMode.FULL):
             descs = plan.get(mode, [])
@@ -224,7 +224,7 @@ def manager_inputs(vllm_config: Any) -> ManagerInputs:
     from vllm.v1.worker.gpu.lora_utils import get_lora_capture_cases
 
     notes: list[str] = []
-    # num_speculative_steps + num_new_sampled_tokens_per_step (1 for every ModelState but diffusion-Gemma's)
+    # num_speculative_steps + num_new_sampled_tokens_per_step (1 but for diffusion-Gemma's ModelState)
     decode_query_len = int(vllm_config.num_speculative_tokens) + 1
     compilation = vllm_config.compilation_config
     piecewise = _breakable_cudagraph(compilation, envs) or compilation.mode == CompilationMode.VLLM_COMPILE
