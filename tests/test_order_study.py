@@ -18,8 +18,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))  # the study package, as benchmarks/order_study.py imports it
 
 from study import boot, logs, summary  # noqa: E402
-from study.plan import ORDERS, STOPPED  # noqa: E402
-from study.scheduler import typical_wall  # noqa: E402
+from study.plan import ORDERS, STOPPED, Cell  # noqa: E402
+from study.scheduler import Running, stop_running, typical_wall  # noqa: E402
 
 from vllm_staging_plugin._engine.policies import BuiltinPolicies  # noqa: E402
 
@@ -111,6 +111,37 @@ def test_asking_a_worker_for_its_ray_actor_starts_no_ray(monkeypatch: pytest.Mon
     assert boot.runner_of(worker)["ray_actor_id"] is None and started == []
     ray.connected = True  # a Ray actor
     assert boot.runner_of(worker)["ray_actor_id"] == "actor-1"
+
+
+def test_a_boot_that_faulted_before_the_study_stopped_it_keeps_its_fault(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A boot whose process hangs after a CUDA fault is ended by the deadline: its log still counts
+    (2026-12-06, vLLM 0.33.0: the second no-plugin boot faulted at the join step, then hung)."""
+    (tmp_path / "logs").mkdir()
+    (tmp_path / "boots").mkdir()
+    fault = "torch.AcceleratorError: CUDA error: an illegal memory access was encountered"
+    running = []
+    for r, tail in ((0, fault), (1, "Graph capturing finished in 1 secs, took 0.61 GiB")):
+        cell = Cell(round=r, model="kimi-linear-4l-dense-k3", order="descending", arm="vanilla")
+        log = tmp_path / "logs" / f"{cell.boot_id}.log"
+        log.write_text(f"(EngineCore pid=1) INFO 12-06 04:49:12 [core.py:1] ready\n{tail}\n")
+        child = subprocess.Popen(["sleep", "60"], start_new_session=True)  # a hung boot
+        running.append(Running(cell, child, [0], 0.0, log, tmp_path / "boots" / f"{cell.boot_id}.json", {}))
+    stop_running(running, tmp_path)
+    assert all(r.child.poll() is not None for r in running)  # both ended, no wait for GPU memory
+    faulted, stopped = (json.loads(r.record.read_text()) for r in running)
+    assert faulted["faulted"] is True and faulted["ok"] is False
+    assert faulted["error"] == f"faulted, then stopped by the study: {fault}"
+    assert stopped == {"boot_id": running[1].cell.boot_id, "ok": False,
+                       "error": f"{STOPPED} the study was stopped"} | {
+        k: getattr(running[1].cell, k) for k in ("round", "model", "order", "arm", "tp", "pp", "mode",
+                                                  "executor", "variant")}  # fmt: skip
+    capsys.readouterr()
+    summary.summarize(argparse.Namespace(directory=str(tmp_path), faults=False, plot=None))
+    out = capsys.readouterr().out
+    assert "(1 boots stopped by the study's deadline or timeout are left out)" in out
+    assert "| vanilla | 0/1 |" in out  # the faulted boot counts
 
 
 def test_the_kv_cache_lines_are_read_from_the_engine_log(tmp_path: Path) -> None:

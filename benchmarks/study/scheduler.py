@@ -107,12 +107,14 @@ def _start(cell: Cell, gpus: list[int], out: Path, args: argparse.Namespace) -> 
     return Running(cell, child, gpus, time.monotonic(), log, record, forced)
 
 
-def _finish(run: Running, out: Path, busy: set[int]) -> dict[str, Any]:
-    """End the boot's process group, wait for its GPU memory, and complete its record from the log."""
+def _finish(run: Running, out: Path, busy: set[int] | None) -> dict[str, Any]:
+    """End the boot's process group, wait for its GPU memory (not when ``busy`` is None: the study is
+    stopping), and complete its record from the log."""
     with contextlib.suppress(ProcessLookupError):  # the engine core outlives its front end: end the group
         os.killpg(run.child.pid, signal.SIGKILL)
     run.child.wait()
-    wait_for_gpu_memory([g for g in run.gpus if g not in busy])  # GPUs no other boot is using
+    if busy is not None:
+        wait_for_gpu_memory([g for g in run.gpus if g not in busy])  # GPUs no other boot is using
     wall = time.monotonic() - run.started
     record: dict[str, Any] = (
         json.loads(run.record.read_text()) if run.record.exists() else {"ok": False, "error": "no record"}
@@ -188,13 +190,25 @@ def run(args: argparse.Namespace) -> int:
                       flush=True)  # fmt: skip
             time.sleep(0.5)
     finally:
-        for r in running:  # stopped early: end the boots still running, note them, wait for nothing
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(r.child.pid, signal.SIGKILL)
-            note = {"boot_id": r.cell.boot_id, "ok": False, "error": f"{STOPPED} the study was stopped"}
-            r.record.write_text(json.dumps(note | dataclasses.asdict(r.cell), indent=1))
-            print(f"{r.cell.boot_id}: stopped while running")
+        stop_running(running, out)
     return 0
+
+
+def stop_running(running: list[Running], out: Path) -> None:
+    """The study stops early: end the boots still running and wait for nothing. A boot whose log already
+    shows a CUDA fault is a measurement (its process may hang after the fault until the deadline), so it
+    keeps its record from the log; any other is noted as stopped and counts nowhere."""
+    for r in running:
+        record = _finish(r, out, busy=None)
+        if record["faulted"]:
+            if record.get("error") in (None, "no record"):
+                record["error"] = f"faulted, then stopped by the study: {record['fault_text']}"
+                r.record.write_text(json.dumps(record, indent=1))
+            print(f"{r.cell.boot_id}: faulted, then stopped while running")
+            continue
+        note = {"boot_id": r.cell.boot_id, "ok": False, "error": f"{STOPPED} the study was stopped"}
+        r.record.write_text(json.dumps(note | dataclasses.asdict(r.cell), indent=1))
+        print(f"{r.cell.boot_id}: stopped while running")
 
 
 def typical_wall(model: str, walls: dict[str, list[float]]) -> float:
