@@ -111,7 +111,8 @@
 #              0.24.0), the Qwen3-8B shape at vLLM's default grid and backend, one boot at a time
 #              (gpu_memory_utilization 0.7): stock under ascending x3 (the plugin only reorders: the staging
 #              crash), the plugin under vLLM's order x2 and under ascending x2 (receipts: graph memory and
-#              pool), rounds interleaved; calling it again fills what is missing.   about 7-8 min
+#              pool), rounds interleaved; calling it again fills what is missing; the plan runs on whichever
+#              payload is staged.                                                       about 7-8 min
 #   decode     steady-state decode tokens/s, vanilla vs plugin under the default order, batch 1 and 64,
 #              Qwen3-0.6B on GPU 0 and Qwen3-8B on GPU 1, N=3 ABBA.                    about 5 min
 set -uo pipefail
