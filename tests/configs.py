@@ -13,20 +13,10 @@ QWEN3_0_6B: dict[str, Any] = {  # public Qwen3-0.6B config.json shape
     "head_dim": 128, "max_position_embeddings": 40960, "vocab_size": 151936, "rms_norm_eps": 1e-6,
     "rope_theta": 1000000, "hidden_act": "silu", "tie_word_embeddings": True, "torch_dtype": "bfloat16",
 }  # fmt: skip
-# Kimi-Linear-48B-A3B's config.json shape, cut to 4 layers (3 KDA, 1 MLA) and 32 experts
-KIMI_LINEAR_4_LAYERS: dict[str, Any] = {
-    "architectures": ["KimiLinearForCausalLM"], "model_type": "kimi_linear", "vocab_size": 163840,
-    "hidden_size": 2304, "intermediate_size": 9216, "num_hidden_layers": 4, "num_attention_heads": 32,
-    "num_key_value_heads": 32, "head_dim": 72, "q_lora_rank": None, "kv_lora_rank": 512,
-    "qk_nope_head_dim": 128, "qk_rope_head_dim": 64, "v_head_dim": 128, "mla_use_nope": True,
-    "moe_intermediate_size": 1024, "num_experts": 32, "num_experts_per_token": 4, "num_shared_experts": 1,
-    "first_k_dense_replace": 1, "moe_layer_freq": 1, "moe_renormalize": True,
-    "moe_router_activation_func": "sigmoid", "routed_scaling_factor": 2.446, "use_grouped_topk": True,
-    "num_expert_group": 1, "topk_group": 1, "max_position_embeddings": 4096, "rms_norm_eps": 1e-5,
-    "linear_attn_config": {"kda_layers": [1, 2, 3], "full_attn_layers": [4], "head_dim": 128,
-                           "num_heads": 32, "short_conv_kernel_size": 4},
-    "tie_word_embeddings": False, "torch_dtype": "bfloat16", "bos_token_id": 163584, "eos_token_id": 163585,
-}  # fmt: skip
+# Kimi-Linear-48B-A3B's config.json shape, cut to 4 layers (3 KDA, 1 MLA) and 32 experts (tests/data)
+KIMI_LINEAR_4_LAYERS: dict[str, Any] = json.loads(
+    (Path(__file__).parent / "data" / "kimi-linear-4l" / "config.json").read_text()
+)
 # A config-only EAGLE drafter at the Kimi-Linear widths (vLLM's EagleLlamaForCausalLM, one layer)
 KIMI_LINEAR_EAGLE: dict[str, Any] = {
     "architectures": ["EagleLlamaForCausalLM"], "model_type": "llama", "hidden_size": 2304,

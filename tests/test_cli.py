@@ -59,6 +59,18 @@ def test_the_kill_switch_is_named_beside_would_patch(capsys: Any, monkeypatch: p
     assert lines[at + 1] == "but STAGING_PLUGIN_DISABLE is set: with it, the plugin leaves vLLM untouched"
 
 
+def test_the_configuration_line_names_every_variable_it_read(
+    capsys: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("STAGING_PLUGIN_KDA_FIX", "off")
+    assert main(["--max-size", "16", "--hidden-size", "64"]) == 0
+    line = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("configuration:"))
+    assert line == (
+        "configuration: order=descending presize=on kda_fix=off strict=False disabled=False receipts=- "
+        "(valid)"
+    )
+
+
 def test_json_and_gpu_need_serve_arguments(capsys: Any) -> None:
     """They belong to the pre-flight (`check -- ARGS`); the main job refuses them with exit 2, and with
     --json as one JSON object."""

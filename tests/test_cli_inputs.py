@@ -81,6 +81,7 @@ BAD_INPUTS = [  # (words, environment, exit code, the one line says)
     (["--", "./garbled"], OFFLINE, 2,
      "model './garbled': its config.json cannot be read as JSON (Expecting value"),
     (["--", "qwen3x"], CLOSED_HUB, 2, "model 'qwen3x': no such folder; did you mean 'qwen3'?"),
+    (["--", "./qwen3x"], OFFLINE, 2, "model './qwen3x': no such folder; did you mean './qwen3'?"),
     (["--", "Qwen/Qwen3-8B"], OFFLINE, 3,
      "model 'Qwen/Qwen3-8B' is not a local folder, not in the Hugging Face cache, and HF_HUB_OFFLINE"),
     (["--", "Qwen/Qwen3-8B"], CLOSED_HUB, 3,
@@ -194,6 +195,7 @@ def test_each_bad_input_is_one_line_with_its_exit_code(
     assert as_json["code"] == code and message in str(out["message"])
     if not message.startswith(("vllm serve: error", "speculative model", "ModelConfig", "SchedulerConfig")):
         assert not text["vllm"] and not as_json["vllm"]  # refused before vLLM is imported
+        assert not text["torch"] and not as_json["torch"]  # and before torch
 
 
 def test_vllms_help_after_the_separator_is_one_json_object_with_json(tmp_path: Path, capsys: Any) -> None:
@@ -336,6 +338,7 @@ def test_the_console_script_end_to_end_quietly(children: dict[str, Any]) -> None
         assert "  allocated by  PIECEWISE num_tokens=8" in out
         assert "  did not fit   FULL num_tokens=9 (uniform decode 3 x 3)" in out
         assert "or upgrade: vLLM 0.34.0 sizes its staging buffers itself, and this crash is gone there" in out
+        assert "  the serving fault above is not: vLLM 0.34.0 runs such a step in its boot warm-up" in out
     assert "with the plugin (order descending): boots, 9-row buffers" in out
     assert "serving: stock vLLM's shared KDA layer (KimiGatedDeltaNetAttention" in out
     assert "reads past its state index on every step that mixes a speculative decode with a prefill" in out

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 from stable import assert_says
 
-from vllm_staging_plugin._offline import internal, main_job, preflight, report
+from vllm_staging_plugin._offline import cpu_replay, internal, preflight, report
 from vllm_staging_plugin._offline.cli import main
 from vllm_staging_plugin._offline.exits import Exit
 from vllm_staging_plugin._offline.preflight import workaround
@@ -24,7 +24,7 @@ def changed_seam(*args: Any, **kwargs: Any) -> Any:
 def test_a_changed_seam_in_the_main_job_is_named_in_one_line(
     verbose: bool, monkeypatch: pytest.MonkeyPatch, capsys: Any
 ) -> None:
-    monkeypatch.setattr(main_job.cpu_replay, "replay", changed_seam)
+    monkeypatch.setattr(cpu_replay, "replay", changed_seam)  # main_job imports it once settings are valid
     assert main(["check", *(["-v"] if verbose else [])]) == Exit.INTERNAL == 70
     out, err = capsys.readouterr()
     assert "would patch: yes" not in out and out == ""

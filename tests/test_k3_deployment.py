@@ -89,9 +89,10 @@ def test_the_k3_dspark_deployment_is_answered_with_every_aux_buffer(
 
 def test_every_model_folder_shipped_is_checked_above() -> None:
     """tests/data holds the K3 cut and its drafters, each checked above with the README's example among
-    them (block 8, 8 tokens, tensor parallel 8); a folder added there must be added to that test."""
+    them (block 8, 8 tokens, tensor parallel 8), and the Kimi-Linear cut, which tests/configs.py reads for
+    every Kimi-Linear test; a folder added there must be added to those tests."""
     shipped = {p for p in (ROOT / "tests" / "data").iterdir() if p.is_dir()}
-    assert shipped == {K3_4_LAYERS, *K3_DRAFTERS.values()}
+    assert shipped == {K3_4_LAYERS, *K3_DRAFTERS.values(), ROOT / "tests" / "data" / "kimi-linear-4l"}
     readme = (ROOT / "README.md").read_text()
     example = '"method": "dspark", "model": "tests/data/kimi-k3-dspark-b8", "num_speculative_tokens": 8'
     assert (

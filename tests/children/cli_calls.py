@@ -25,7 +25,13 @@ def call(words: list[str], variables: dict[str, str]) -> dict[str, Any]:
     finally:
         os.environ.clear()
         os.environ.update(saved)
-    return {"code": code, "out": out.getvalue(), "err": err.getvalue(), "vllm": "vllm" in sys.modules}
+    return {
+        "code": code,
+        "out": out.getvalue(),
+        "err": err.getvalue(),
+        "vllm": "vllm" in sys.modules,
+        "torch": "torch" in sys.modules,
+    }
 
 
 def main() -> None:

@@ -37,8 +37,9 @@ def render_main_job(job: MainJob) -> str:
     settings = job.settings
     assert settings is not None
     lines += [
-        f"configuration: order={settings.order} presize={settings.presize} strict={settings.strict} "
-        f"disabled={settings.disabled} receipts={settings.receipts_dir or '-'} (valid)",
+        f"configuration: order={settings.order} presize={settings.presize} kda_fix={settings.kda_fix} "
+        f"strict={settings.strict} disabled={settings.disabled} receipts={settings.receipts_dir or '-'} "
+        "(valid)",
         f"order policies: {job.policies}",
     ]
     if job.refusal is not None:

@@ -5,10 +5,13 @@ patched, in vLLM's order and in another; ``cli`` renders it."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from .._engine.settings import DEFAULT_ORDER, ConfigError, Settings, read_settings
-from . import cpu_replay, seams
 from .exits import Exit
+
+if TYPE_CHECKING:  # torch and vLLM: imported once the configuration is valid
+    from . import cpu_replay
 
 # The main job shows a crash and its fix; the pre-flight (`check -- ARGS`) defaults to vLLM's own order.
 MAIN_JOB_ORDER = "ascending"
@@ -73,6 +76,8 @@ def run(mode: str, max_size: int, max_num_seqs: int, hidden_size: int, order: st
     if job.versions["vllm"] is None:
         job.refusal = "vLLM is not installed"
         return job
+    from . import cpu_replay, seams
+
     try:
         compat.manager_class(seams.cudagraph_module())
         job.platform = compat.platform_name()

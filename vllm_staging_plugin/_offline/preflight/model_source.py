@@ -49,6 +49,8 @@ def _model_folder_exists(model: str, role: str) -> None:
     import os
 
     if model.startswith(("/", "./", "../", "~")) and not os.path.isdir(os.path.expanduser(model)):
+        if not os.path.exists(os.path.expanduser(model)):
+            _typo_of_a_folder(model, role)
         what = "a file, not a model folder" if os.path.exists(os.path.expanduser(model)) else "no such folder"
         raise BadArguments(f"{role} {model!r}: {what} (a local model is a folder holding its config.json)")
 

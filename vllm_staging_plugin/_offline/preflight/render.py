@@ -92,6 +92,11 @@ def render(result: Preflight) -> str:
             f"or upgrade: vLLM {result.fixed_in_vllm} sizes its staging buffers itself, and this "
             "crash is gone there"
         )
+        if not result.serves:  # the GPU records: 0.34.0 runs such a step in its boot warm-up
+            lines.append(
+                f"  the serving fault above is not: vLLM {result.fixed_in_vllm} runs such a step in its "
+                "boot warm-up and dies at boot, unless the plugin or the kda patch fixes the layer"
+            )
     if result.notes:
         lines.append("")
         lines.extend(f"note: {note}" for note in result.notes)

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ... import __version__
-from ..cpu_replay import ReplayResult
-from ..seams import KdaMixedStep
 from .workaround import Workaround
+
+if TYPE_CHECKING:  # torch: the error paths that import this module import neither torch nor vLLM
+    from ..cpu_replay import ReplayResult
+    from ..seams import KdaMixedStep
 
 FIRST_SIZING_RELEASE = "0.34.0"  # vLLM sizes its staging buffers by the largest descriptor from here on
 
