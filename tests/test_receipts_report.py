@@ -122,7 +122,7 @@ def test_unreadable_and_foreign_receipts_are_skipped_one_warning_each(tmp_path: 
     )
     assert (
         "schema: 'someone-else/v3'" in why["receipt-other.json"]
-        and "schema: 'list'" in why["receipt-list.json"]
+        and "(a JSON list, not an object)" in why["receipt-list.json"]
     )
     assert why["receipt-short.json"].startswith("incomplete receipt, lacks fields: ")
     assert why["receipt-binary.json"].startswith("unreadable (UnicodeDecodeError")

@@ -43,9 +43,10 @@ def _load(path: Path) -> tuple[Receipt | None, str]:
         return None, f"unreadable ({type(exc).__name__}: {exc})"
     except json.JSONDecodeError as exc:
         return None, f"not JSON ({exc})"
-    if not isinstance(data, dict) or data.get("schema") != SCHEMA:
-        schema = data.get("schema") if isinstance(data, dict) else type(data).__name__
-        return None, f"not a receipt of schema {SCHEMA} (schema: {schema!r})"
+    if not isinstance(data, dict):
+        return None, f"not a receipt of schema {SCHEMA} (a JSON {type(data).__name__}, not an object)"
+    if data.get("schema") != SCHEMA:
+        return None, f"not a receipt of schema {SCHEMA} (schema: {data.get('schema')!r})"
     missing = [f for f in REQUIRED_FIELDS if f not in data]
     if missing:
         return None, f"incomplete receipt, lacks fields: {', '.join(missing)}"
