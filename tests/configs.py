@@ -14,9 +14,8 @@ QWEN3_0_6B: dict[str, Any] = {  # public Qwen3-0.6B config.json shape
     "rope_theta": 1000000, "hidden_act": "silu", "tie_word_embeddings": True, "torch_dtype": "bfloat16",
 }  # fmt: skip
 # Kimi-Linear-48B-A3B's config.json shape, cut to 4 layers (3 KDA, 1 MLA) and 32 experts (tests/data)
-KIMI_LINEAR_4_LAYERS: dict[str, Any] = json.loads(
-    (Path(__file__).parent / "data" / "kimi-linear-4l" / "config.json").read_text()
-)
+KIMI_LINEAR_4L = Path(__file__).parent / "data" / "kimi-linear-4l"
+KIMI_LINEAR_4_LAYERS: dict[str, Any] = json.loads((KIMI_LINEAR_4L / "config.json").read_text())
 # A config-only EAGLE drafter at the Kimi-Linear widths (vLLM's EagleLlamaForCausalLM, one layer)
 KIMI_LINEAR_EAGLE: dict[str, Any] = {
     "architectures": ["EagleLlamaForCausalLM"], "model_type": "llama", "hidden_size": 2304,

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from configs import K3_4_LAYERS, K3_DRAFTERS, NO_WEIGHTS
+from configs import K3_4_LAYERS, K3_DRAFTERS, KIMI_LINEAR_4L, NO_WEIGHTS
 from release import SIZES_STAGING
 
 pytest.importorskip("vllm.v1.worker.gpu.cudagraph_utils")
@@ -92,7 +92,7 @@ def test_every_model_folder_shipped_is_checked_above() -> None:
     them (block 8, 8 tokens, tensor parallel 8), and the Kimi-Linear cut, which tests/configs.py reads for
     every Kimi-Linear test; a folder added there must be added to those tests."""
     shipped = {p for p in (ROOT / "tests" / "data").iterdir() if p.is_dir()}
-    assert shipped == {K3_4_LAYERS, *K3_DRAFTERS.values(), ROOT / "tests" / "data" / "kimi-linear-4l"}
+    assert shipped == {K3_4_LAYERS, *K3_DRAFTERS.values(), KIMI_LINEAR_4L}
     readme = (ROOT / "README.md").read_text()
     example = '"method": "dspark", "model": "tests/data/kimi-k3-dspark-b8", "num_speculative_tokens": 8'
     assert (

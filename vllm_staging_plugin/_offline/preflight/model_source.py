@@ -48,10 +48,11 @@ def _model_folder_exists(model: str, role: str) -> None:
     """
     import os
 
-    if model.startswith(("/", "./", "../", "~")) and not os.path.isdir(os.path.expanduser(model)):
-        if not os.path.exists(os.path.expanduser(model)):
-            _typo_of_a_folder(model, role)
-        what = "a file, not a model folder" if os.path.exists(os.path.expanduser(model)) else "no such folder"
+    path = os.path.expanduser(model)
+    if model.startswith(("/", "./", "../", "~")) and not os.path.isdir(path):
+        if not os.path.exists(path):
+            _typo_of_a_folder(model, role)  # raises where a folder beside it is close to the name
+        what = "a file, not a model folder" if os.path.exists(path) else "no such folder"
         raise BadArguments(f"{role} {model!r}: {what} (a local model is a folder holding its config.json)")
 
 
