@@ -103,6 +103,7 @@ def test_unreadable_and_foreign_receipts_are_skipped_one_warning_each(tmp_path: 
         "receipt-notjson.json": "{not json",
         "receipt-other.json": json.dumps({"schema": "someone-else/v3", "kind": "capture"}),
         "receipt-list.json": "[1, 2]",
+        "receipt-number.json": "7",
         "receipt-short.json": json.dumps({"schema": receipts.SCHEMA, "kind": "capture"}),
         "receipt-binary.json": b"\xff\xfe\x00",
     }
@@ -123,6 +124,7 @@ def test_unreadable_and_foreign_receipts_are_skipped_one_warning_each(tmp_path: 
     assert (
         "schema: 'someone-else/v3'" in why["receipt-other.json"]
         and "(a JSON list, not an object)" in why["receipt-list.json"]
+        and "(a JSON number, not an object)" in why["receipt-number.json"]
     )
     assert why["receipt-short.json"].startswith("incomplete receipt, lacks fields: ")
     assert why["receipt-binary.json"].startswith("unreadable (UnicodeDecodeError")

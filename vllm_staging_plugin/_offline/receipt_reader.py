@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any, cast
 
 from .._engine.receipts import REQUIRED_FIELDS, SCHEMA, Receipt
+from .text import json_kind
 
 logger = logging.getLogger("vllm.staging_plugin")
 
@@ -44,7 +45,7 @@ def _load(path: Path) -> tuple[Receipt | None, str]:
     except json.JSONDecodeError as exc:
         return None, f"not JSON ({exc})"
     if not isinstance(data, dict):
-        return None, f"not a receipt of schema {SCHEMA} (a JSON {type(data).__name__}, not an object)"
+        return None, f"not a receipt of schema {SCHEMA} (a JSON {json_kind(data)}, not an object)"
     if data.get("schema") != SCHEMA:
         return None, f"not a receipt of schema {SCHEMA} (schema: {data.get('schema')!r})"
     missing = [f for f in REQUIRED_FIELDS if f not in data]

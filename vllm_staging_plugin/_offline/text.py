@@ -1,4 +1,5 @@
-"""How the operator's tools print numbers: one place for MiB, shortened token lists and buffer lines."""
+"""How the operator's tools print values: one place for MiB, shortened token lists, buffer lines and the
+JSON kind of a value that should have been an object."""
 
 from __future__ import annotations
 
@@ -30,3 +31,18 @@ def describe_buffers(buffers: Mapping[str, Mapping[str, Any]]) -> str:
     return "; ".join(
         f"{name} {b['shape']} {b['dtype']} = {b['bytes'] / MIB:.2f} MiB" for name, b in buffers.items()
     )
+
+
+JSON_KINDS: dict[type, str] = {
+    list: "list",
+    str: "string",
+    bool: "boolean",
+    int: "number",
+    float: "number",
+    type(None): "null",
+}
+
+
+def json_kind(value: object) -> str:
+    """What JSON calls ``value`` (as ``json.loads`` returned it): ``list``, ``string``, ``number``, ..."""
+    return JSON_KINDS.get(type(value), type(value).__name__)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from ..text import json_kind
 from .refusals import BadArguments, CannotCheckHere
 
 HUB_TIMEOUT = 3.0  # seconds to wait for the hub's address before saying it cannot be reached
@@ -71,7 +72,7 @@ def _config_is_an_object(model: str, role: str) -> None:
     except (OSError, UnicodeDecodeError, ValueError) as exc:
         raise BadArguments(f"{role} {model!r}: its config.json cannot be read as JSON ({exc})") from None
     if not isinstance(config, dict):
-        kind = type(config).__name__
+        kind = json_kind(config)
         raise BadArguments(f"{role} {model!r}: its config.json holds a JSON {kind}, not an object") from None
 
 
@@ -86,8 +87,8 @@ def _typo_of_a_folder(model: str, role: str) -> None:
     except OSError:
         return
     close = difflib.get_close_matches(name, folders, n=1, cutoff=0.8)
-    if close:
-        guess = os.path.join(parent, close[0]) if parent else close[0]
+    if close:  # written as the operator wrote the rest of it (``~``, ``./``)
+        guess = os.path.join(os.path.dirname(model), close[0])
         raise BadArguments(f"{role} {model!r}: no such folder; did you mean {guess!r}?")
 
 
