@@ -479,6 +479,39 @@ def test_a_plugin_replay_that_breaks_answers_nothing_and_exits_5(
     ]
 
 
+@pytest.mark.usefixtures("offline")
+def test_a_stock_replay_that_breaks_is_named_unanswered_and_exits_5(
+    tmp_path: Path, capsys: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The plugin boots it, but stock vLLM's answer is a broken replay, not a crash: the report says so
+    instead of "crashes at capture", no workaround is searched on it, and the exit code is 5 as
+    ``answered: false`` says."""
+    from vllm_staging_plugin._offline import seams
+    from vllm_staging_plugin._offline.cpu_replay import run
+
+    real = seams.capture_on_cpu
+
+    def breaks_stock(manager: Any, *args: Any, **kwargs: Any) -> None:
+        if "_vllm_staging" not in vars(manager):  # the stock arm only
+            raise TypeError("capture() got an unexpected keyword argument 'attn_groups'")
+        real(manager, *args, **kwargs)
+
+    monkeypatch.setattr(run.seams, "capture_on_cpu", breaks_stock)
+    model = model_folder(tmp_path / "qwen3", QWEN3_0_6B)
+    code, out = check_json(capsys, model, *NO_WEIGHTS)
+    assert code == Exit.NOT_ANSWERED and out["answered"] is False
+    assert out["plugin"]["ok"] is True and out["stock"]["ok"] is False
+    assert out["stock_workaround"] is None and out["fixed_in_vllm"] is None
+    assert out["unanswered"] == [
+        "stock vLLM at pipeline stage 0: the replay broke (TypeError: capture() got an unexpected "
+        "keyword argument 'attn_groups')"
+    ]
+    assert main(["check", "--", model, *NO_WEIGHTS]) == Exit.NOT_ANSWERED
+    text = capsys.readouterr().out
+    assert "stock vLLM (its own order): NOT ANSWERED here, the replay broke (TypeError" in text
+    assert "crashes at capture" not in text
+
+
 NOT_LOADED = [  # --speculative-config values whose `model` vLLM does not load as a model
     {"model": "[ngram]", "num_speculative_tokens": 2, "prompt_lookup_max": 2},
     {"model": "ngram", "num_speculative_tokens": 2},

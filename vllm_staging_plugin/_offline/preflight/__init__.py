@@ -149,7 +149,7 @@ def run(
         compilation = vllm_config.compilation_config
         sizes = sorted(compilation.cudagraph_capture_sizes or [])
         fix = None
-        if not all(s.stock.ok for s in stages):
+        if any(not s.stock.ok and s.stock.conclusive for s in stages):  # a broken replay: no search
 
             def stock_check(words: Sequence[str]) -> tuple[bool, dict[str, list[int]], list[int]]:
                 config = configure(words)
@@ -310,14 +310,14 @@ def main(
 
 
 def exit_code(result: Preflight) -> Exit:
-    """1 when the plugin does not boot it, 4 when it boots but will not serve, 5 when a question that
-    could change that was not answered here (a plugin arm's replay broke, or the serving check), else 0."""
+    """1 when the plugin does not boot it, 4 when it boots but will not serve, 5 when a question was not
+    answered here (a replayed arm broke, or the serving check), else 0."""
     plugin_arms = [s.plugin for s in result.stages]
     if not result.plugin_boots:
         return Exit.FAILS if all(arm.conclusive for arm in plugin_arms) else Exit.NOT_ANSWERED
     if not result.plugin_serves:
         return Exit.WILL_NOT_SERVE
-    return Exit.NOT_ANSWERED if result.kda_step_error is not None else Exit.OK
+    return Exit.NOT_ANSWERED if result.unanswered else Exit.OK
 
 
 def _fail(code: Exit, what: str, message: str, as_json: bool) -> int:

@@ -44,6 +44,8 @@ def render(result: Preflight) -> str:
         )
     elif stock.ok:
         lines.append(f"stock vLLM (its own order): boots ({describe_buffers(stock.buffers)})")
+    elif not stock.conclusive:
+        lines.append(f"stock vLLM (its own order): NOT ANSWERED here, the replay broke ({stock.error})")
     else:
         lines.append("stock vLLM (its own order): crashes at capture")
         lines.append(f"  allocated by  {stock.allocated_by}")
