@@ -313,7 +313,7 @@ def test_a_package_registered_twice_under_one_name_is_kept_once_without_a_word(p
 
 
 def test_load_passes_strict_on_to_the_registry(monkeypatch: pytest.MonkeyPatch) -> None:
-    found = [_EntryPoint("bad-names", "bad", BadNames())]
+    found = [_EntryPoint("bad-names", "bad", BadNames([3]))]
     monkeypatch.setattr(
         policies, "entry_points", lambda group: found if group == policies.ENTRY_POINT_GROUP else []
     )
@@ -390,25 +390,38 @@ def test_a_package_failing_to_import_is_an_error_in_strict_mode(broken_and_good_
 
 
 class BadNames:
+    def __init__(self, declared: Any) -> None:
+        self.declared = declared
+
     @hookimpl
     def staging_order_policies(self) -> Any:
-        return [3]
+        return self.declared
 
 
-def test_a_package_declaring_no_names_is_skipped(plugin_log: Any) -> None:
-    registry = PolicyRegistry([("bad-names", BadNames())])
-    assert registry.names() == list(policies.BuiltinPolicies.NAMES)
+def test_a_package_may_declare_its_names_as_a_tuple(plugin_log: Any) -> None:
+    registry = PolicyRegistry([("tuple-names", BadNames(("evens-first",)))])
+    assert registry.owner("evens-first") == "tuple-names" and plugin_log.warnings == []
+
+
+@pytest.mark.parametrize(
+    ("declared", "shown"),
+    [([3], "[[3]]"), ("evens-first", "['evens-first']")],
+    ids=["a number", "a bare string, not a list"],
+)
+def test_a_package_declaring_no_names_is_skipped(plugin_log: Any, declared: Any, shown: str) -> None:
+    registry = PolicyRegistry([("bad-names", BadNames(declared))])
+    assert registry.names() == list(policies.BuiltinPolicies.NAMES)  # no one-letter policies from a string
     (warning,) = plugin_log.warnings
     assert_says(
         warning,
         "vllm-staging-plugin: order-policy package 'bad-names' is skipped",
-        "staging_order_policies returned [[3]], not a list of names",
+        f"staging_order_policies returned {shown}, not a list of names",
     )
     with pytest.raises(ConfigError) as raised:
-        PolicyRegistry([("bad-names", BadNames())], strict=True)
+        PolicyRegistry([("bad-names", BadNames(declared))], strict=True)
     assert_says(
         str(raised.value),
         "order-policy package 'bad-names' cannot be used",
         "STAGING_PLUGIN_STRICT",
-        end="TypeError: staging_order_policies returned [[3]], not a list of names",
+        end=f"TypeError: staging_order_policies returned {shown}, not a list of names",
     )

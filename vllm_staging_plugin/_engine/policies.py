@@ -114,9 +114,9 @@ class PolicyRegistry:
             declared = self._pm.subset_hook_caller(
                 "staging_order_policies", [p for p in self._pm.get_plugins() if p is not plugin]
             )()
-            names = [n for group in declared for n in group]
-            if not all(isinstance(n, str) for n in names):
+            if not all(isinstance(g, list | tuple) and all(isinstance(n, str) for n in g) for g in declared):
                 raise TypeError(f"staging_order_policies returned {declared!r}, not a list of names")
+            names = [n for group in declared for n in group]
         except Exception as exc:
             if self._pm.is_registered(plugin):
                 self._pm.unregister(plugin)

@@ -221,8 +221,8 @@ exit codes:
   4  it boots with the plugin but will not serve correctly: vLLM's shared KDA layer (Kimi-Linear)
      under --use-replayssm reads past its state index on each step that mixes a speculative decode
      with a prefill (the WARNING block, or "serve": {"ok": false} with --json, says what to change)
-  5  not fully answered: it boots with the plugin as far as checked, but a question that could
-     change that was not answered here (the serving check, or a replay that broke); "NOT ANSWERED"
+  5  not fully answered: it boots with the plugin as far as checked, but a question was not
+     answered here (the serving check, or a replay, stock's or the plugin's, that broke); "NOT ANSWERED"
      at the end of the report, or "answered": false and "unanswered" with --json, says which and why
   70 internal error: a bug in the plugin, or a vLLM change it does not know (one line to report;
      -v prints the traceback)
