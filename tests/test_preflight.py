@@ -453,23 +453,29 @@ def test_every_tool_path_leaves_the_process_as_it_found_it(tmp_path: Path, capsy
         capsys.readouterr()
 
 
+def break_one_arm(monkeypatch: pytest.MonkeyPatch, plugin: bool) -> None:
+    """One arm's capture (the plugin's, or stock's) raises what is neither vLLM's staging copy nor the
+    plugin refusing: that replay breaks, the other runs as it would."""
+    from vllm_staging_plugin._offline import seams
+    from vllm_staging_plugin._offline.cpu_replay import run
+
+    real = seams.capture_on_cpu
+
+    def breaks(manager: Any, *args: Any, **kwargs: Any) -> None:
+        if ("_vllm_staging" in vars(manager)) == plugin:  # the plugin's state marks its arm
+            raise TypeError("capture() got an unexpected keyword argument 'attn_groups'")
+        real(manager, *args, **kwargs)
+
+    monkeypatch.setattr(run.seams, "capture_on_cpu", breaks)
+
+
 @pytest.mark.usefixtures("offline")
 def test_a_plugin_replay_that_breaks_answers_nothing_and_exits_5(
     tmp_path: Path, capsys: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Not vLLM's staging copy and not the plugin refusing: the replay itself broke, so the plugin's
     'does not boot' would be a guess; exit 5 and the gap named."""
-    from vllm_staging_plugin._offline import seams
-    from vllm_staging_plugin._offline.cpu_replay import run
-
-    real = seams.capture_on_cpu
-
-    def breaks_patched(manager: Any, *args: Any, **kwargs: Any) -> None:
-        if "_vllm_staging" in vars(manager):  # the plugin's arm only
-            raise TypeError("capture() got an unexpected keyword argument 'attn_groups'")
-        real(manager, *args, **kwargs)
-
-    monkeypatch.setattr(run.seams, "capture_on_cpu", breaks_patched)
+    break_one_arm(monkeypatch, plugin=True)
     code, out = check_json(capsys, model_folder(tmp_path / "qwen3", QWEN3_0_6B), *NO_WEIGHTS)
     assert code == Exit.NOT_ANSWERED and out["plugin"]["ok"] is False
     assert out["stock"]["ok"] is True and out["answered"] is False
@@ -486,17 +492,7 @@ def test_a_stock_replay_that_breaks_is_named_unanswered_and_exits_5(
     """The plugin boots it, but stock vLLM's answer is a broken replay, not a crash: the report says so
     instead of "crashes at capture", no workaround is searched on it, and the exit code is 5 as
     ``answered: false`` says."""
-    from vllm_staging_plugin._offline import seams
-    from vllm_staging_plugin._offline.cpu_replay import run
-
-    real = seams.capture_on_cpu
-
-    def breaks_stock(manager: Any, *args: Any, **kwargs: Any) -> None:
-        if "_vllm_staging" not in vars(manager):  # the stock arm only
-            raise TypeError("capture() got an unexpected keyword argument 'attn_groups'")
-        real(manager, *args, **kwargs)
-
-    monkeypatch.setattr(run.seams, "capture_on_cpu", breaks_stock)
+    break_one_arm(monkeypatch, plugin=False)
     model = model_folder(tmp_path / "qwen3", QWEN3_0_6B)
     code, out = check_json(capsys, model, *NO_WEIGHTS)
     assert code == Exit.NOT_ANSWERED and out["answered"] is False

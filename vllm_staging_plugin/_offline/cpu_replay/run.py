@@ -54,6 +54,12 @@ class ReplayResult:
     allocated_by: str | None = None  # the descriptor whose output vLLM's lazy staging sized from
     failed_at: str | None = None  # the descriptor whose forward raised
 
+    @property
+    def crashed(self) -> bool:
+        """The capture failed as a deployment's would (vLLM's staging copy, or the plugin refusing), not
+        because the replay itself broke."""
+        return not self.ok and self.conclusive
+
     def holds(self, rows: int) -> bool:
         """The capture completed and every staging buffer it left holds ``rows``."""
         return self.ok and all(b["rows"] >= rows for b in self.buffers.values())

@@ -51,9 +51,10 @@ def _model_folder_exists(model: str, role: str) -> None:
 
     path = os.path.expanduser(model)
     if model.startswith(("/", "./", "../", "~")) and not os.path.isdir(path):
+        what = "a file, not a model folder"
         if not os.path.exists(path):
             _typo_of_a_folder(model, role)  # raises where a folder beside it is close to the name
-        what = "a file, not a model folder" if os.path.exists(path) else "no such folder"
+            what = "no such folder"
         raise BadArguments(f"{role} {model!r}: {what} (a local model is a folder holding its config.json)")
 
 

@@ -190,7 +190,7 @@ class Preflight:
     @property
     def fixed_in_vllm(self) -> str | None:
         """Where stock crashes at the staging copy: the first vLLM release that sizes the buffers itself."""
-        crashed = any(not s.stock.ok and s.stock.conclusive for s in self.stages)
+        crashed = any(s.stock.crashed for s in self.stages)
         return FIRST_SIZING_RELEASE if crashed and not self.vllm_sizes_staging else None
 
     @property
