@@ -87,13 +87,15 @@ def test_the_plugin_leaves_vllms_staging_alone_with_one_info_line(
                     "to the largest of its 15 capture descriptors (261 rows) itself; the plugin leaves them",
                     end="capture order: descending")  # fmt: skip
         return
-    stood_down = [m for m in plugin_log.at(20) if "already pre-sizes" in m]  # seen at the first capture
+    stood_down = [
+        m for m in plugin_log.at(20) if "itself; the plugin leaves them to vLLM" in m
+    ]  # seen at the first capture
     (line,) = stood_down
     assert_says(
         line,
-        "vllm-staging-plugin: this vLLM already pre-sizes its CUDA-graph staging buffers",
-        "leaves them to vLLM",
-        end="(capture order: descending)",
+        "vllm-staging-plugin: vLLM sizes ModelCudaGraphManager's staging buffers",
+        "capture descriptors (261 rows) itself; the plugin leaves them to vLLM",
+        end="; capture order: descending",
     )
 
 

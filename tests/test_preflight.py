@@ -94,7 +94,7 @@ def test_kimi_linear_crashes_stock_in_vllms_own_order_and_boots_patched(tmp_path
     assert advice[2].startswith("  with the plugin: fixed, it serves (the layer keeps one state slot per")
     assert (
         advice[3].startswith("  without the plugin: drop --use-replayssm")
-        and "patch kda --apply" in advice[3]
+        and "patch vLLM with the diff `vllm-staging-plugin patch kda` prints" in advice[3]
     )
     assert (
         advice[4].strip()

@@ -188,13 +188,13 @@ def test_a_vllm_that_presizes_itself_is_left_alone_with_one_info_line(
     )
     assert build(cls).capture() == [1, 2, 4, 8, 1, 2]  # the order knob keeps working ...
     assert seen[0] is not cls and seen[1] is cls  # ... and later captures leave vLLM's staging alone
-    stand_down = [m for m in plugin_log.at(20) if "already pre-sizes" in m]
+    stand_down = [m for m in plugin_log.at(20) if "itself; the plugin leaves them to vLLM" in m]
     (line,) = stand_down
     assert_says(
         line,
-        "vllm-staging-plugin: this vLLM already pre-sizes its CUDA-graph staging buffers",
-        "leaves them to vLLM",
-        end="(capture order: ascending)",
+        "vllm-staging-plugin: vLLM sizes ModelCudaGraphManager's staging buffers",
+        "capture descriptors (8 rows) itself; the plugin leaves them to vLLM",
+        end="; capture order: ascending",
     )
 
 

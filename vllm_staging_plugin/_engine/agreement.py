@@ -17,8 +17,8 @@ from datetime import timedelta
 from typing import Any
 
 import torch.distributed as dist
-from torch.distributed import distributed_c10d
 
+from . import compat
 from .settings import ENV_ORDER, Settings
 from .sizing import capture_sequence, staging_capacity
 
@@ -149,4 +149,4 @@ def check_coupled_ranks(
     if len(ranks) < 2:
         return None
     mine = plan(settings, ordered)
-    return check(mine, distributed_c10d._get_default_store(), dist.get_rank(), ranks, WAIT_SECONDS)
+    return check(mine, compat.default_store(), dist.get_rank(), ranks, WAIT_SECONDS)

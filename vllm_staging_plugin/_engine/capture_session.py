@@ -105,9 +105,9 @@ def _environment(manager: Any, state: ManagerState, profiling: bool) -> ReceiptS
 def _finish(
     start: ReceiptStart, free_before: int | None, manager: Any, seconds: float, profiling: bool
 ) -> Receipt:
-    captured = manager._capture_descs  # this capture's lists, in the order it ran them
+    captured = compat.capture_descs(manager)  # this capture's lists, in the order it ran them
     sequence, modes = capture_sequence(captured), captured_modes(captured)
-    limit = getattr(manager, compat.PROFILING_LIMIT, None)  # main samples otherwise: recorded as captured
+    limit = compat.profiling_limit(manager)  # main samples otherwise: recorded as captured
     if profiling and limit is not None and "FULL" in sequence:  # vLLM's order: one list per mode
         sequence["FULL"] = sequence["FULL"][:limit]
         modes = [name for name, tokens in sequence.items() for _ in tokens]
@@ -148,8 +148,9 @@ def _profiling_estimate(manager: Any, measured: int | None) -> int | None:
     if measured is None or samples is None or extrapolate is None:
         return None
     try:
-        full = [k for k in manager._capture_descs if getattr(k, "name", "") == "FULL"]
-        n_full = len(manager._capture_descs[full[0]]) if full else 0
+        plan = compat.capture_descs(manager)
+        full = [k for k in plan if getattr(k, "name", "") == "FULL"]
+        n_full = len(plan[full[0]]) if full else 0
         return max(int(measured - sum(samples) + extrapolate(samples, n_full)), 0)
     except Exception:
         return None

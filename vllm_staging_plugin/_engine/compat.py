@@ -1,7 +1,8 @@
-"""The engine's one door to vLLM's privates: what the fixes rely on, detected from structure, not versions.
+"""The one door to vLLM's and torch's privates for the engine: each is named here once, as a constant or an
+accessor, and the offline seams import these names rather than spelling them again.
 
 A release is accepted while one of :data:`SHAPES` holds (docs/compatibility.md gives each boundary); any
-other structure leaves vLLM untouched.
+other structure leaves vLLM untouched. tests/test_private_doors.py keeps every other engine module out.
 """
 
 from __future__ import annotations
@@ -34,13 +35,18 @@ SHAPES = (
     # ``_capture_descs`` and ``persistent_like`` for hidden, aux and intermediate buffers.
     ReleaseShape("0.34.0", ("vllm_config", "device", "cudagraph_mode", "decode_query_lens"), True),
 )
-# Attribute -> value ModelCudaGraphManager.__init__ leaves before the first capture output.
+# The manager's capture plan, mode -> descriptors in capture order (private; the staging fix reorders it).
+CAPTURE_DESCS = "_capture_descs"
+# The staging buffers: attribute -> value ModelCudaGraphManager.__init__ leaves before the first output.
+HIDDEN_STATES = "hidden_states"
+AUX_HIDDEN_STATES = "aux_hidden_states"
+INTERMEDIATE_TENSORS = "intermediate_tensors"
 STAGING_INITIAL: dict[str, Any] = {
-    "hidden_states": None,
-    "aux_hidden_states": [],
-    "intermediate_tensors": None,  # absent before 0.19.0: optional
+    HIDDEN_STATES: None,
+    AUX_HIDDEN_STATES: [],
+    INTERMEDIATE_TENSORS: None,  # absent before 0.19.0: optional
 }
-OPTIONAL_STAGING = frozenset({"intermediate_tensors"})
+OPTIONAL_STAGING = frozenset({INTERMEDIATE_TENSORS})
 # Platforms whose graph manager is vLLM's own class; out-of-tree platforms (vllm-ascend's
 # ModelAclGraphManager subclass, ...) manage their graphs differently. CPU and "unspecified" capture
 # no graphs in production; they are allowed so the real class can be driven in tests and the CLI.
@@ -86,11 +92,16 @@ def release_shape(cls: type) -> ReleaseShape:
     )
 
 
+def capture_descs(manager: Any) -> dict[Any, list[Any]]:
+    """The manager's capture plan, mode -> descriptors, as :func:`check_manager` found it."""
+    return getattr(manager, CAPTURE_DESCS)  # type: ignore[no-any-return]
+
+
 def check_manager(manager: Any) -> None:
     """Check a freshly built manager: descriptors present, staging attributes still empty."""
-    descs = getattr(manager, "_capture_descs", None)
+    descs = getattr(manager, CAPTURE_DESCS, None)
     if not isinstance(descs, Mapping):
-        raise IncompatibleVllm(f"{MANAGER_CLASS}._capture_descs is missing or not a dict")
+        raise IncompatibleVllm(f"{MANAGER_CLASS}.{CAPTURE_DESCS} is missing or not a dict")
     for mode, items in descs.items():
         if not all(isinstance(getattr(d, "num_tokens", None), int) for d in items):
             raise IncompatibleVllm(f"capture descriptors for {mode} have no integer num_tokens")
@@ -133,6 +144,20 @@ def installed_versions() -> dict[str, str | None]:
         except PackageNotFoundError:
             found[dist] = None
     return found
+
+
+def profiling_limit(manager: Any) -> int | None:
+    """How many FULL descriptors vLLM's profiling pass captures (None outside that pass, or on a release
+    whose profiling samples instead)."""
+    limit = getattr(manager, PROFILING_LIMIT, None)
+    return limit if isinstance(limit, int) else None
+
+
+def default_store() -> Any:
+    """The key-value store of torch's default process group (private in torch), for the rank agreement."""
+    from torch.distributed import distributed_c10d
+
+    return distributed_c10d._get_default_store()
 
 
 def profiling_deltas(manager: Any) -> list[int] | None:

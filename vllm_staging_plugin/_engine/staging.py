@@ -15,6 +15,7 @@ from typing import Any
 
 import torch
 
+from .compat import AUX_HIDDEN_STATES, HIDDEN_STATES, INTERMEDIATE_TENSORS
 from .settings import DEFAULT_ORDER, ENV_ORDER, Settings
 from .sizing import CAPTURE_MODE_ORDER, Descriptor
 
@@ -45,12 +46,12 @@ def staging_tensors(manager: object) -> dict[str, torch.Tensor]:
     """The allocated staging tensors by display name (aux and intermediate ones indexed)."""
     state = vars(manager)
     found: dict[str, torch.Tensor] = {}
-    if isinstance(state.get("hidden_states"), torch.Tensor):
-        found["hidden_states"] = state["hidden_states"]
-    for i, aux in enumerate(state.get("aux_hidden_states") or []):
-        found[f"aux_hidden_states[{i}]"] = aux
-    for key, tensor in (getattr(state.get("intermediate_tensors"), "tensors", None) or {}).items():
-        found[f"intermediate_tensors[{key}]"] = tensor
+    if isinstance(state.get(HIDDEN_STATES), torch.Tensor):
+        found[HIDDEN_STATES] = state[HIDDEN_STATES]
+    for i, aux in enumerate(state.get(AUX_HIDDEN_STATES) or []):
+        found[f"{AUX_HIDDEN_STATES}[{i}]"] = aux
+    for key, tensor in (getattr(state.get(INTERMEDIATE_TENSORS), "tensors", None) or {}).items():
+        found[f"{INTERMEDIATE_TENSORS}[{key}]"] = tensor
     return found
 
 

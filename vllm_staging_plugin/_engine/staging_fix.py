@@ -90,7 +90,7 @@ class StagingFix(RuntimeFix):
             self.notify(V2_MANAGER_BUILT)
             try:
                 compat.check_manager(manager)
-                capacity = staging_capacity(manager._capture_descs)
+                capacity = staging_capacity(compat.capture_descs(manager))
             except Exception as exc:  # renamed internals, odd descriptors: stay stock
                 self._deactivate(f"{type(exc).__name__}: {exc}")
                 return
@@ -109,20 +109,20 @@ class StagingFix(RuntimeFix):
 
     def _announce(self, manager: Any, capacity: int) -> None:
         level = logging.INFO if self.first("announced") else logging.DEBUG
-        cls, names = type(manager).__name__, ", ".join(compat.STAGING_INITIAL)
-        descriptors, presize = sum(len(d) for d in manager._capture_descs.values()), self.settings.presize
         if self.vllm_sizes_staging:
-            said = (
-                f"vLLM sizes {cls}'s staging buffers ({names}) to the largest of its {descriptors} capture "
-                f"descriptors ({capacity} rows) itself; the plugin leaves them to vLLM"
-            )
+            said = _sizes_itself(manager)
         else:
+            presize = self.settings.presize
             sizing = (
                 f"sized to {capacity} rows, the largest"
                 if presize == "on"
                 else f"left to vLLM's lazy sizing ({presize}; largest is {capacity} rows)"
             )
-            said = f"{cls} staging buffers ({names}) {sizing} of {descriptors} capture descriptors"
+            descriptors = sum(len(d) for d in compat.capture_descs(manager).values())
+            said = (
+                f"{type(manager).__name__} staging buffers ({_names()}) {sizing} of {descriptors} "
+                "capture descriptors"
+            )
         logger.log(level, "vllm-staging-plugin: %s; capture order: %s", said, self.settings.order)
 
     def _wrap_capture(self, wrap: ClassWrap) -> Callable[..., Any]:
@@ -143,11 +143,11 @@ class StagingFix(RuntimeFix):
                 self._unknown_profiling_mark()  # vLLM's order kept, pre-sizing goes on
             in_order: Any = nullcontext()  # vLLM's own order
             if not profiling and settings.order != DEFAULT_ORDER:  # profiling keeps vLLM's order
-                ordered = self._policies().reordered(settings, manager._capture_descs)
+                ordered = self._policies().reordered(settings, compat.capture_descs(manager))
                 from .agreement import check_coupled_ranks  # torch.distributed: only for an order
 
                 state.ranks_agreed = check_coupled_ranks(settings, ordered, manager.vllm_config)
-                in_order = staging.swapped(manager, "_capture_descs", ordered)
+                in_order = staging.swapped(manager, compat.CAPTURE_DESCS, ordered)
             receipt: Any = nullcontext()
             if settings.receipts_dir is not None:
                 from .capture_session import receipt_session
@@ -156,13 +156,13 @@ class StagingFix(RuntimeFix):
             with in_order, receipt:
                 if not presizing:
                     return original(manager, *args, **kwargs)
-                state.first_tokens = staging.first_tokens(manager._capture_descs)
+                state.first_tokens = staging.first_tokens(compat.capture_descs(manager))
                 try:
                     with self._staging(manager):
                         return original(manager, *args, **kwargs)
                 finally:
                     if state.vllm_sizes_staging:
-                        self._stand_down()
+                        self._stand_down(manager)
 
         return capture
 
@@ -179,13 +179,11 @@ class StagingFix(RuntimeFix):
             f"order); the staging buffers are still pre-sized. Set {ENV_STRICT}=1 to fail instead.",
         )
 
-    def _stand_down(self) -> None:
+    def _stand_down(self, manager: Any) -> None:
+        """vLLM sized its first buffer by the largest descriptor itself (a release of the lazy shape that
+        does it anyway, such as one carrying the presize patch): the same line as a known release's."""
         self.vllm_sizes_staging = True
-        logger.info(
-            "vllm-staging-plugin: this vLLM already pre-sizes its CUDA-graph staging buffers to the largest "
-            "capture descriptor; the plugin leaves them to vLLM (capture order: %s)",
-            self.settings.order,
-        )
+        logger.info("vllm-staging-plugin: %s; capture order: %s", _sizes_itself(manager), self.settings.order)
 
     def _policies(self) -> PolicyRegistry:
         if self.policies is None:
@@ -203,3 +201,17 @@ class StagingFix(RuntimeFix):
         if view is None:
             view = self._views[key] = capture_view(type(manager), names)
         return swapped(manager, "__class__", view)
+
+
+def _names() -> str:
+    return ", ".join(compat.STAGING_INITIAL)
+
+
+def _sizes_itself(manager: Any) -> str:
+    """The stand-down's one wording, in the log and the docs."""
+    plan = compat.capture_descs(manager)
+    return (
+        f"vLLM sizes {type(manager).__name__}'s staging buffers ({_names()}) to the largest of its "
+        f"{sum(len(d) for d in plan.values())} capture descriptors ({staging_capacity(plan)} rows) itself; "
+        "the plugin leaves them to vLLM"
+    )

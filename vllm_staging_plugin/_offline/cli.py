@@ -1,5 +1,5 @@
 """The ``vllm-staging-plugin`` command: check an installation (the default), pre-flight ``vllm serve``
-arguments (``check -- MODEL ...``), compare receipts (``report``) and print or apply the fixes to vLLM
+arguments (``check -- MODEL ...``), compare receipts (``report``) and print the fixes to vLLM
 itself that ship with the package (``patch``)."""
 
 from __future__ import annotations
@@ -116,54 +116,17 @@ def report_command(args: argparse.Namespace) -> int:
 
 
 def patch_command(args: argparse.Namespace) -> int:
-    """Print a bundled vLLM patch, or check / apply / revert it on the installed vLLM."""
+    """Print a bundled vLLM patch, with a note on stderr where the installed vLLM does not need it."""
     from . import vllm_patches
 
-    if not (args.apply or args.revert or args.dry_run):
-        try:
-            fits = vllm_patches.plan(args.name).fits
-        except vllm_patches.PatchError:  # no vLLM here to compare with: nothing to say beside the diff
-            fits = True
-        if _not_needed(args.name, fits):
-            print(f"# {NOT_NEEDED}", file=sys.stderr)  # the diff still goes to stdout, for `patch -p1`
-        print(vllm_patches.text(args.name), end="")
-        return 0
     try:
-        result = vllm_patches.plan(args.name, reverse=args.revert)
-    except vllm_patches.PatchError as exc:
-        return _patch_error(Exit.FAILS, str(exc))
-    words = PATCH_STATES[args.revert]
-    if _not_needed(args.name, result.fits):
-        print(NOT_NEEDED)
-        return 0
-    if args.dry_run or not result.fits or not result.results:  # a real write says what it did below
-        for path, state in result.files.items():
-            print(f"{words[state]}: {path}")
-    if not result.fits:
-        unfit = f"it does not fit this vLLM ({vllm_patches.releases_of(args.name)}); nothing was written"
-        return _patch_error(Exit.FAILS, unfit)
-    if args.dry_run or not result.results:
-        return 0
-    try:
-        vllm_patches.write(result)
-    except vllm_patches.PatchError as exc:
-        return _patch_error(Exit.FAILS, str(exc))
-    files = ", ".join(str(path) for path in result.results)
-    if args.revert:
-        print(
-            f"reverted the {args.name} patch: the installed vLLM's {files} is as released again; restart vLLM"
-        )
-    else:
-        print(
-            f"applied the {args.name} patch to the installed vLLM ({files}); restart vLLM to use it; "
-            f"undo with `vllm-staging-plugin patch {args.name} --revert`"
-        )
+        fits = vllm_patches.fits(vllm_patches.plan(args.name))
+    except vllm_patches.PatchError:  # no vLLM here to compare with: nothing to say beside the diff
+        fits = True
+    if _not_needed(args.name, fits):
+        print(f"# {NOT_NEEDED}", file=sys.stderr)  # the diff still goes to stdout, for `patch -p1`
+    print(vllm_patches.text(args.name), end="")
     return 0
-
-
-def _patch_error(code: Exit, message: str) -> int:
-    """``patch`` has no ``--json``: its errors are one line on stderr."""
-    return say_error(PATCH_PROG, code, "", message, as_json=False, labelled=False)
 
 
 def _not_needed(name: str, fits: bool) -> bool:
@@ -180,16 +143,11 @@ def _not_needed(name: str, fits: bool) -> bool:
         return False
 
 
-PATCH_PROG = "vllm-staging-plugin patch"
 NOT_NEEDED = (
     "vllm-staging-plugin patch: not needed: this vLLM sizes its staging buffers to the largest capture "
     "descriptor itself (its capture staging, replayed on CPU in ascending order, holds the largest "
-    "descriptor's rows); nothing was written"
+    "descriptor's rows)"
 )
-PATCH_STATES = {
-    False: {"applies": "would apply", "already": "already applied", "does not fit": "does not fit"},
-    True: {"applies": "would revert", "already": "not applied", "does not fit": "does not fit"},
-}
 
 DESCRIPTION = """\
 Pre-size vLLM's CUDA-graph staging buffers, and check a deployment before it boots.
@@ -200,8 +158,8 @@ commands:
             arguments]`: pre-flight that deployment on this machine, GPU or not
   report    compare the receipts gathered under STAGING_PLUGIN_RECEIPTS_DIR (set it in the serving
             environment: each capture writes one JSON receipt into it)
-  patch     print the fixes to vLLM itself that ship with the plugin (presize, kda), or apply one to
-            the installed vLLM (--dry-run first)
+  patch     print a fix to vLLM itself that ships with the plugin (presize, kda), as a diff for
+            `patch -p1` in the folder holding vllm/
 
 `vllm-staging-plugin COMMAND --help` explains each command's options and exit codes.
 """
@@ -248,16 +206,14 @@ exit codes:
 
 
 PATCH_EPILOG = """\
-Applying needs write access to the installed vLLM (the same pip environment); every hunk must match
-exactly (no fuzz) or nothing is written. `pip install --force-reinstall --no-deps vllm==VERSION` (the
-installed one) also undoes it.
+The diff is for `patch -p1` in the folder that holds the installed vllm/ package, for example:
+  vllm-staging-plugin patch kda | patch -p1 -d "$(pip show vllm | sed -n 's/^Location: //p')"
+pip does not track such a change: reinstalling vLLM undoes it. The plugin itself never edits vLLM's
+files; it makes the same fixes in memory, in each vLLM process.
 
 exit codes:
-  0  printed; applied, reverted, or (--dry-run) it would; or nothing to do (already so, or not needed:
-     this vLLM sizes its staging buffers itself)
-  1  it does not fit the installed vLLM, or a file cannot be read or written
+  0  printed (a note on stderr says when the installed vLLM does not need it)
   2  bad arguments
-  3  vLLM or torch is not installed here (the line names the pip command)
 """
 
 
@@ -377,19 +333,11 @@ def build_parser() -> argparse.ArgumentParser:
         description="The fixes to vLLM itself that ship with the plugin, unified diffs of vLLM's files, each "
         "checked by CI on every release it is for: "
         + "; ".join(f"{name}: {p.summary} (for vLLM {p.releases})" for name, p in PATCHES.items())
-        + ". Without options the diff is printed (for `patch -p1` in the folder holding vllm/).",
+        + ". The diff is printed, for `patch -p1` in the folder holding vllm/.",
         epilog=PATCH_EPILOG,
         formatter_class=raw,
     )
     pat.add_argument("name", choices=sorted(PATCHES), help="which patch")
-    how = pat.add_mutually_exclusive_group()
-    how.add_argument("--apply", action="store_true", help="apply it to the installed vLLM's files")
-    how.add_argument("--revert", action="store_true", help="undo it on the installed vLLM's files")
-    pat.add_argument(
-        "--dry-run",
-        action="store_true",
-        help="with --apply or --revert (or alone): say what would change, write nothing",
-    )
     return parser
 
 
@@ -461,13 +409,6 @@ def _run(parser: argparse.ArgumentParser, words: list[str], serve_args: list[str
             parser.error(f"{args.command} takes no `-- MODEL [vllm serve arguments]`")
         if args.command == "report":
             return report_command(args)
-        from .vllm_patches import PATCHES
-
-        missing = (
-            _missing_vllm(PATCHES[args.name].releases) if args.apply or args.revert or args.dry_run else None
-        )
-        if missing is not None:
-            return _patch_error(Exit.CANNOT_CHECK, missing)
         return patch_command(args)
     if serve_args is not None and not serve_args:
         _refuse(f"nothing after `--`: {PREFLIGHT_FORM}", args.json)

@@ -1,7 +1,7 @@
-"""The two fixes to vLLM itself that ship inside the package (``presize`` and ``kda``), and applying one.
+"""The two fixes to vLLM itself that ship inside the package (``presize`` and ``kda``), as text.
 
-Each is a unified diff against vLLM 0.33.0, applied without fuzz and without the ``patch`` program: every
-hunk must match the installed files exactly ("fits"), or nothing is written.
+Each is a unified diff against vLLM 0.33.0, for ``patch -p1`` in the folder holding ``vllm/`` (the plugin
+never edits another package's files). :func:`plan` reads the installed files to say whether it fits.
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ HUNK = re.compile(r"^@@ -\d+(?:,\d+)? \+\d+(?:,\d+)? @@")
 
 
 class PatchError(Exception):
-    """The patch does not fit the installed vLLM (or no vLLM is installed): nothing was written."""
+    """The installed vLLM's files cannot be read (or no vLLM is installed)."""
 
 
 @dataclass
@@ -89,21 +89,18 @@ def parse(diff: str) -> list[FilePatch]:
     return files
 
 
-def _apply_hunks(lines: list[str], hunks: list[Hunk], reverse: bool) -> list[str] | None:
-    """``lines`` with every hunk applied (or undone), each found exactly at or after its place; None when
-    one is not found."""
-    out: list[str] = []
+def _matches(lines: list[str], hunks: list[Hunk], reverse: bool) -> bool:
+    """Whether every hunk (or its undoing) is found exactly, in order, in ``lines``."""
     at = 0
     for hunk in hunks:
-        old, new = (hunk.new, hunk.old) if reverse else (hunk.old, hunk.new)
+        old = hunk.new if reverse else hunk.old
         start = next(
             (i for i in range(at, len(lines) - len(old) + 1) if lines[i : i + len(old)] == old), None
         )
         if start is None:
-            return None
-        out += lines[at:start] + new
+            return False
         at = start + len(old)
-    return out + lines[at:]
+    return True
 
 
 def vllm_root() -> Path:
@@ -114,48 +111,27 @@ def vllm_root() -> Path:
     return Path(next(iter(spec.submodule_search_locations))).parent
 
 
-@dataclass
-class Plan:
-    """What applying (or reverting) would do to each file: ``applies``, ``already`` or ``does not fit``."""
-
-    files: dict[Path, str]  # path -> state
-    results: dict[Path, list[str]]  # path -> new lines, for the files that change
-
-    @property
-    def fits(self) -> bool:
-        return all(state != "does not fit" for state in self.files.values())
-
-
-def plan(name: str, root: Path | None = None, reverse: bool = False) -> Plan:
-    """Read each file the patch changes under ``root`` (the installed vLLM's) and work out the result."""
+def plan(name: str, root: Path | None = None) -> dict[Path, str]:
+    """Each file the patch changes under ``root`` (the installed vLLM's), and whether the patch
+    ``applies`` there, is ``already`` applied, or ``does not fit``."""
     base = vllm_root() if root is None else root
     files: dict[Path, str] = {}
-    results: dict[Path, list[str]] = {}
     for patch in parse(text(name)):
         path = base / patch.path
         try:
-            source = path.read_text()
+            lines = path.read_text().split("\n")
         except FileNotFoundError:
             raise PatchError(f"this vLLM has no {patch.path} ({releases_of(name)})") from None
         except OSError as exc:
             raise PatchError(f"cannot read {path}: {exc.strerror or exc}") from None
-        lines = source.split("\n")
-        done = _apply_hunks(lines, patch.hunks, reverse)
-        if done is not None:
-            files[path], results[path] = "applies", done
-        elif _apply_hunks(lines, patch.hunks, not reverse) is not None:
+        if _matches(lines, patch.hunks, reverse=False):
+            files[path] = "applies"
+        elif _matches(lines, patch.hunks, reverse=True):
             files[path] = "already"
         else:
             files[path] = "does not fit"
-    return Plan(files, results)
+    return files
 
 
-def write(result: Plan) -> None:
-    """Write the planned files (only when every file fits)."""
-    if not result.fits:
-        raise PatchError("the patch does not fit the installed vLLM; nothing was written")
-    for path, lines in result.results.items():
-        try:
-            path.write_text("\n".join(lines))
-        except OSError as exc:
-            raise PatchError(f"cannot write {path}: {exc.strerror or exc}") from None
+def fits(files: dict[Path, str]) -> bool:
+    return all(state != "does not fit" for state in files.values())

@@ -134,8 +134,8 @@ class Preflight:
             f"  why   --use-replayssm leaves it {step.index_columns} state slot per request; its kernel "
             f"reads {step.query_length} index words (1 + {step.query_length - 1} speculative tokens)",
             plugin,
-            f"  without the plugin: drop --use-replayssm ({spent}), or patch vLLM with "
-            "`vllm-staging-plugin patch kda --apply` (same memory, --use-replayssm kept)",
+            f"  without the plugin: drop --use-replayssm ({spent}), or patch vLLM with the diff "
+            "`vllm-staging-plugin patch kda` prints (same memory, --use-replayssm kept)",
             *self._serving_fix_lines(),
         ]
 

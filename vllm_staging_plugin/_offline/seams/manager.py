@@ -111,10 +111,9 @@ def graph_pool_stub(platform: Any, pool: Any) -> Iterator[None]:
         yield
 
 
-def capture_plan(manager: Any) -> dict[Any, list[Any]]:
-    """The manager's capture plan, mode -> descriptors in capture order. Private: ``_capture_descs``,
-    which the engine's structure check requires too."""
-    return manager._capture_descs  # type: ignore[no-any-return]
+capture_plan = compat.capture_descs
+"""The manager's capture plan, mode -> descriptors in capture order: the engine's door, whose check every
+replayed manager passes."""
 
 
 def manager_features() -> dict[str, bool]:
@@ -149,8 +148,8 @@ def cpu_capture_edges(first_pp_rank: bool, last_pp_rank: bool, dbo: bool) -> Ite
     """For the block, ``cudagraph_utils`` runs on CPU: its CUDA edges are stubs, and
     ``CudaGraphManager.capture`` runs each descriptor's forwards eagerly in vLLM's order instead of recording
     graphs, leaving the plan it walked on the manager. Yields the module. Privates: the module-level names
-    replaced below, ``CudaGraphManager.capture``, ``_max_full_descs_to_capture`` and ``_graphs_captured``;
-    a renamed one leaves vLLM's own running, which tests/test_contract_replay_loop.py catches."""
+    replaced below, ``CudaGraphManager.capture`` and ``_graphs_captured`` (the profiling limit:
+    the engine's door); a renamed one leaves vLLM's own running, a replay-loop contract test catches."""
     from vllm.config.compilation import CUDAGraphMode
 
     cu = cudagraph_module()
@@ -166,7 +165,7 @@ def cpu_capture_edges(first_pp_rank: bool, last_pp_rank: bool, dbo: bool) -> Ite
             # some releases return (forward_fn, attention_state), others forward_fn
             (made[0] if isinstance(made, tuple) else made)(CUDAGraphMode.NONE)
 
-        limit = getattr(self, "_max_full_descs_to_capture", None)  # the profiling pass's limit
+        limit = compat.profiling_limit(self)  # the profiling pass's limit
         plan = vars(self)[REPLAYED_PLAN] = capture_plan(self)  # a patch may have swapped in its order
         for mode in (CUDAGraphMode.PIECEWISE, CUDAGraphMode.FULL):
             descs = plan.get(mode, [])
