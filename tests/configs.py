@@ -34,12 +34,14 @@ K3: dict[str, Any] = json.loads((K3_4_LAYERS / "config.json").read_text())
 # Config-only K3 DSpark drafters (tests/data/kimi-k3-dspark-bN/README.md): N is the block size
 K3_DRAFTERS = {b: Path(__file__).parent / "data" / f"kimi-k3-dspark-b{b}" for b in (5, 7, 8)}
 _DRAFTER_CONFIGS = [json.loads((path / "config.json").read_text()) for path in K3_DRAFTERS.values()]
+# The architectures the tests' models and drafters name, and those vLLM gives a drafter it builds itself.
 ARCHITECTURES = sorted(
     {
         a
         for c in (QWEN3_0_6B, KIMI_LINEAR_4_LAYERS, KIMI_LINEAR_EAGLE, K3, *_DRAFTER_CONFIGS)
         for a in c["architectures"]
     }
+    | {"ExtractHiddenStatesModel", "Eagle3Qwen3ForCausalLM", "Eagle3LlamaForCausalLM"}
 )
 
 

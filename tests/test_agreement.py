@@ -252,13 +252,15 @@ def test_coupled_ranks(rank: int, world: int, engine: int, dp: int, moe: bool, e
 # ---- DP=2 x TP=2: four processes, one real gloo group, the real manager ------------------------------
 
 # children/agreement_rank.py runs one rank of each scenario.
-ASC = ["ascending"] * 4
+# Two data-parallel engines of four tensor-parallel ranks each: eight forked processes, one real gloo group.
+# MoE couples all eight (as Kimi-K3's eight ranks are coupled); dense couples each engine's four.
+ASC = ["ascending"] * 8
 SCENARIOS = [  # name, order per rank, MoE, how late engine 1 comes, the agreement's wait bound
-    ("default", ["descending"] * 4, False, 4.0, 2.0),
+    ("default", ["descending"] * 8, False, 4.0, 2.0),
     ("dense", ASC, False, 4.0, 2.0),  # engine 0 must not wait 4 s for engine 1 (it would time out at 2)
     ("moe", ASC, True, 1.5, 30.0),  # coupled: every rank agrees, engine 0 waits for engine 1
-    ("moe-split", ["ascending", "ascending", "max-first", "max-first"], True, 0.0, 30.0),
-    ("engine-split", ["ascending", "shuffle:1", "ascending", "ascending"], False, 0.0, 30.0),
+    ("moe-split", ["ascending"] * 7 + ["max-first"], True, 0.0, 30.0),  # one rank of eight misconfigured
+    ("engine-split", ["ascending", "shuffle:1", *["ascending"] * 6], False, 0.0, 30.0),
 ]
 
 
@@ -266,69 +268,37 @@ SCENARIOS = [  # name, order per rank, MoE, how late engine 1 comes, the agreeme
 def dp_tp_runs() -> list[dict[str, Any]]:
     pytest.importorskip("vllm.v1.worker.gpu.cudagraph_utils")
     base = {k: v for k, v in os.environ.items() if not k.startswith("STAGING_PLUGIN")}
-    base |= {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), "SCENARIOS": json.dumps(SCENARIOS)}
+    base |= {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), "TP": "4", "DP": "2",
+             "SCENARIOS": json.dumps(SCENARIOS)}  # fmt: skip
     preload = ["torch.distributed", "vllm.v1.worker.gpu.cudagraph_utils"]  # vLLM's import, once
-    return fork_together("agreement_rank", [base | {"RANK": str(rank)} for rank in range(4)], preload)
-
-
-@pytest.mark.contract
-@pytest.mark.subprocess
-def test_data_parallel_engines_agree_only_where_coupled(dp_tp_runs: list[dict[str, Any]]) -> None:
-    for rank, runs in enumerate(dp_tp_runs):
-        engine = rank // 2
-        default = runs["default"]  # vLLM's order: no check, no store key, no wait, no word
-        assert default["ok"] and default["agreed"] is None and default["new_keys"] == 0, default
-        from release import SIZES_STAGING
-
-        staging_line = "(16 rows) itself" if SIZES_STAGING else "sized to 16 rows"  # 0.34.0 sizes itself
-        assert default["log"] == [] or all(staging_line in m for m in default["log"])
-        assert default["seconds"] < 4.0
-        dense = runs["dense"]  # each dense engine's two ranks agree; the other engine is not waited on
-        assert dense["ok"] and dense["agreed"] == 2, dense
-        assert dense["forwards"][:5] == [1, 2, 4, 8, 16]  # and they captured in the chosen order
-        moe = runs["moe"]  # MoE DP: all four ranks compared
-        assert moe["ok"] and moe["agreed"] == 4, moe
-        if engine == 0:
-            assert moe["seconds"] >= 1.0  # engine 0 waited for engine 1's plan: they are coupled
-        split = runs["moe-split"]  # a real misconfiguration among coupled ranks fails on each of them
-        assert not split["ok"] and split["error"].startswith("AgreementError: ") and split["forwards"] == []
-        assert "ranks [0, 1]: STAGING_PLUGIN_ORDER=ascending" in split["error"]
-        assert "ranks [2, 3]: STAGING_PLUGIN_ORDER=max-first" in split["error"]
-        inner = runs["engine-split"]  # inside engine 0 only: engine 0 fails, engine 1 boots
-        if engine == 0:
-            assert not inner["ok"] and "ranks [1]: STAGING_PLUGIN_ORDER=shuffle:1" in inner["error"]
-        else:
-            assert inner["ok"] and inner["agreed"] == 2, inner
-
-
-# ---- TP=8, one engine: eight processes, as Kimi-K3 is served (every rank captures its own graphs) -----
-
-TP8_SCENARIOS = [  # the K3 engine's eight ranks: agreeing, and one rank given another order
-    ("tp8", ["ascending"] * 8, False, 0.0, 30.0),
-    ("tp8-split", ["ascending"] * 7 + ["max-first"], False, 0.0, 30.0),
-]
-
-
-@pytest.fixture(scope="module")
-def tp8_runs() -> list[dict[str, Any]]:
-    pytest.importorskip("vllm.v1.worker.gpu.cudagraph_utils")
-    base = {k: v for k, v in os.environ.items() if not k.startswith("STAGING_PLUGIN")}
-    base |= {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), "TP": "8", "DP": "1",
-             "SCENARIOS": json.dumps(TP8_SCENARIOS)}  # fmt: skip
-    preload = ["torch.distributed", "vllm.v1.worker.gpu.cudagraph_utils"]
     return fork_together("agreement_rank", [base | {"RANK": str(rank)} for rank in range(8)], preload)
 
 
 @pytest.mark.contract
 @pytest.mark.subprocess
-def test_eight_tensor_parallel_ranks_agree_or_all_fail_naming_the_odd_one(
-    tp8_runs: list[dict[str, Any]],
-) -> None:
-    for runs in tp8_runs:
-        agreed = runs["tp8"]
-        assert agreed["ok"] and agreed["agreed"] == 8, agreed
-        assert agreed["forwards"][:5] == [1, 2, 4, 8, 16]  # every rank captured in the chosen order
-        split = runs["tp8-split"]  # one rank of eight misconfigured: every rank fails before capturing
+def test_data_parallel_engines_agree_only_where_coupled(dp_tp_runs: list[dict[str, Any]]) -> None:
+    from release import SIZES_STAGING
+
+    for rank, runs in enumerate(dp_tp_runs):
+        engine = rank // 4
+        default = runs["default"]  # vLLM's order: no check, no store key, no wait, no word
+        assert default["ok"] and default["agreed"] is None and default["new_keys"] == 0, default
+        staging_line = "(16 rows) itself" if SIZES_STAGING else "sized to 16 rows"  # 0.34.0 sizes itself
+        assert default["log"] == [] or all(staging_line in m for m in default["log"])
+        assert default["seconds"] < 4.0
+        dense = runs["dense"]  # each dense engine's four ranks agree; the other engine is not waited on
+        assert dense["ok"] and dense["agreed"] == 4, dense
+        assert dense["forwards"][:5] == [1, 2, 4, 8, 16]  # and they captured in the chosen order
+        moe = runs["moe"]  # MoE DP: all eight ranks compared, and each captured in the chosen order
+        assert moe["ok"] and moe["agreed"] == 8 and moe["forwards"][:5] == [1, 2, 4, 8, 16], moe
+        if engine == 0:
+            assert moe["seconds"] >= 1.0  # engine 0 waited for engine 1's plan: they are coupled
+        split = runs["moe-split"]  # one coupled rank of eight misconfigured: every rank fails, naming it
         assert not split["ok"] and split["error"].startswith("AgreementError: ") and split["forwards"] == []
         assert "ranks [0, 1, 2, 3, 4, 5, 6]: STAGING_PLUGIN_ORDER=ascending" in split["error"]
         assert "ranks [7]: STAGING_PLUGIN_ORDER=max-first" in split["error"]
+        inner = runs["engine-split"]  # inside engine 0 only: engine 0 fails, engine 1 boots
+        if engine == 0:
+            assert not inner["ok"] and "ranks [1]: STAGING_PLUGIN_ORDER=shuffle:1" in inner["error"]
+        else:
+            assert inner["ok"] and inner["agreed"] == 4, inner

@@ -1,4 +1,4 @@
-"""The atlas library (``tools/atlas/``): the summary's layout and verdict as pure functions; the
+"""The atlas library (``lab/atlas/``): the summary's layout and verdict as pure functions; the
 per-configuration replay against the installed vLLM's real manager on CPU; the widths search's cells; the
 driver's worker protocol and ordering; the overlay's pinned-package list."""
 
@@ -13,6 +13,8 @@ from atlas import replay, summary
 from atlas.condition import FAMILY
 from atlas.space import GRIDS, SEARCHES, replay_config
 from release import SIZES_STAGING
+
+pytestmark = pytest.mark.lab  # the lab's own code: `pytest -m lab` (CI) runs it
 
 CLEAN: dict[str, Any] = {"plugin_failures": 0, "predicate_mismatches": 0}
 

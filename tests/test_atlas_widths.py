@@ -14,6 +14,8 @@ from atlas import condition, ranges, space
 from atlas import tables as atlas_tables
 from release import SIZES_STAGING
 
+pytestmark = pytest.mark.lab  # the lab's own code: `pytest -m lab` (CI) runs it
+
 ROOT = Path(__file__).resolve().parents[1]
 
 SUMMARY = json.loads((ROOT / "docs" / "data" / "atlas" / "widths.json").read_text())

@@ -4,20 +4,19 @@ Each answer is one line naming the problem with the documented exit code (2 bad 
 check here), never a traceback; with --json, stdout is exactly one JSON object carrying ``error``. By
 default vLLM's INFO lines and the warnings of a GPU-less machine are hidden; ``-v`` shows them.
 
-What needs a fresh process runs in one, all started together: the console script for the two
-pre-flights that import vLLM (quiet, the first check of an architecture; ``-v``), since vLLM reads its
-log level once, when imported, and for ``patch presize --dry-run``. The bad inputs are refused before
-vLLM is imported, but for the last few, which need it (read by its parser, or refused by its config);
-they run as ``main([...])`` calls in one fresh process per environment (the hub variables are read when
-``huggingface_hub`` is imported), each call's stdout and stderr captured on its own. vLLM's refusal of
-an unknown architecture, and vLLM's log lines beside ``--json``, are met in this process; ``--help`` and
-``report``, which never import vLLM, run the console script on their own. (The operator's own log level:
-test_quiet.py.)
+Two fresh processes, started together: the console script for the quiet pre-flight (the first check of
+an architecture: vLLM reads its log level once, when imported, and inspects the model class in its own
+subprocess), and one child that calls ``main([...])`` for each bad input refused before vLLM is imported,
+recording after each call whether vLLM or torch is imported yet. The bad inputs that need vLLM (read by
+its parser, or refused by its config), ``-v``, vLLM's refusal of an unknown architecture and vLLM's log
+lines beside ``--json`` are met in this process; ``--help`` and ``report``, which never import vLLM, run
+the console script on their own. (The operator's own log level, and what ``-v`` keeps: test_quiet.py.)
 """
 
 from __future__ import annotations
 
 import contextlib
+import io
 import json
 import logging
 import shutil
@@ -118,52 +117,48 @@ BAD_INPUTS = [  # (words, environment, exit code, the one line says)
      "vllm serve: error: argument --compilation-config/-cc: 1 validation error for CompilationConfig: "
      "cudagraph_capture_sizes: Input should be a valid array"),
 ]  # fmt: skip
-HUB_VARIABLES = ("HF_HUB_OFFLINE", "HF_ENDPOINT")  # read once, when huggingface_hub is imported
 STOCK_CRASH = "The expanded size of the tensor (8) must match the existing size (9)"
+# The refusals that come after vLLM is imported: read by its parser, or refused by its config.
+AFTER_VLLM = ("vllm serve: error", "speculative model", "ModelConfig", "SchedulerConfig")
+
+
+def needs_vllm(message: str) -> bool:
+    return message.startswith(AFTER_VLLM)
 
 
 def case_name(words: list[str], env: dict[str, str]) -> str:
     return " ".join([*(f"{k}={v}" for k, v in env.items()), *words])
 
 
-def _children(root: Path) -> dict[str, Any]:
-    """Every child of this module, started together; what each printed and exited with."""
+def _model_folders(root: Path) -> Path:
+    """The bad inputs' folders: ./qwen3, a file, a list, garbled JSON, a config.json without model_type."""
     (root / "config.json").write_text("{}")
-    model_folder(root / "qwen3", QWEN3_0_6B)  # the bad inputs' ./qwen3
-    (root / "listed").mkdir()
-    (root / "zz").mkdir()
-    (root / "garbled").mkdir()
-    (root / "garbled" / "config.json").write_text("not json")
-    (root / "zz" / "config.json").write_text("{}")
-    (root / "listed" / "config.json").write_text("[1, 2]")
+    model_folder(root / "qwen3", QWEN3_0_6B)
+    for name, text in (("listed", "[1, 2]"), ("zz", "{}"), ("garbled", "not json")):
+        (root / name).mkdir()
+        (root / name / "config.json").write_text(text)
+    return root
+
+
+def _children(root: Path) -> dict[str, Any]:
+    """The quiet console script and the early refusals' child, started together."""
+    _model_folders(root)
     kimi = model_folder(root / "kimi", KIMI_LINEAR_4_LAYERS)
     first_time = OFFLINE | {"VLLM_CACHE_ROOT": str(root / "empty-cache")}  # vLLM inspects the model afresh
-    scripts = {
-        "quiet": (["check", "--", kimi, *NO_WEIGHTS, *KIMI_CRASH], first_time),
-        "verbose": (["check", "-v", "--", kimi, *NO_WEIGHTS, *KIMI_CRASH], OFFLINE),
-        "patch": (["patch", "presize", "--dry-run"], OFFLINE),  # imports vLLM where it sizes its staging
-    }  # fmt: skip
-    calls: dict[str, list[list[Any]]] = {}
-    for words, env, _, _ in BAD_INPUTS:
-        hub = {k: v for k, v in env.items() if k in HUB_VARIABLES}
-        rest = {k: v for k, v in env.items() if k not in HUB_VARIABLES}
-        for argv in (["check", *words], ["check", "--json", *words]):
-            calls.setdefault(json.dumps(hub), []).append([case_name(argv, env), argv, rest])
-    running = {
-        name: subprocess.Popen([str(SCRIPT), *argv], cwd=root, env=terminal_environment(env), text=True,
-                               stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-        for name, (argv, env) in scripts.items()
-    }  # fmt: skip
-    callers = [
-        start("cli_calls", terminal_environment({**json.loads(hub), "CALLS": json.dumps(group)}), cwd=root)
-        for hub, group in calls.items()
+    quiet = subprocess.Popen(
+        [str(SCRIPT), "check", "--", kimi, *NO_WEIGHTS, *KIMI_CRASH], cwd=root,
+        env=terminal_environment(first_time), text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    )  # fmt: skip
+    calls = [
+        [case_name(argv, env), argv, env]
+        for words, env, _, message in BAD_INPUTS
+        if not needs_vllm(message)
+        for argv in (["check", *words], ["check", "--json", *words])
     ]
-    results: dict[str, Any] = {"calls": {}}
-    for caller in callers:
-        results["calls"].update(finish(caller, timeout=400).results)
-    for name, proc in running.items():
-        stdout, stderr = proc.communicate(timeout=400)
-        results[name] = {"code": proc.returncode, "out": stdout, "err": stderr}
+    caller = start("cli_calls", terminal_environment({"CALLS": json.dumps(calls)}), cwd=root)
+    results: dict[str, Any] = {"calls": finish(caller, timeout=400).results}
+    stdout, stderr = quiet.communicate(timeout=400)
+    results["quiet"] = {"code": quiet.returncode, "out": stdout, "err": stderr, "model": kimi}
     written = root / "empty-cache" / "modelinfos"  # what vLLM's inspection subprocess left there
     results["quiet"]["inspected"] = sorted(p.name for p in written.iterdir()) if written.is_dir() else []
     return results
@@ -176,24 +171,39 @@ def children(tmp_path_factory: pytest.TempPathFactory, model_inspection_cache: l
     return shared
 
 
-def call(children: dict[str, Any], words: list[str], env: dict[str, str] | None = None) -> dict[str, Any]:
-    result: dict[str, Any] = Checks(children["calls"], "").value(case_name(words, env or {}))
-    return result
+@pytest.fixture(scope="module")
+def folders(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return _model_folders(tmp_path_factory.mktemp("cli-here"))
+
+
+def call(
+    children: dict[str, Any], folders: Path, words: list[str], env: dict[str, str], message: str
+) -> dict[str, Any]:
+    """One call's code and output: from the child, or (once vLLM is needed) from ``main`` here."""
+    if not needs_vllm(message):
+        result: dict[str, Any] = Checks(children["calls"], "").value(case_name(words, env))
+        return result
+    assert env == {}  # the cases met here set no variable
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.chdir(folders), terminal_logs(), contextlib.redirect_stdout(out), \
+            contextlib.redirect_stderr(err):  # fmt: skip
+        code = main(words)
+    return {"code": code, "out": out.getvalue(), "err": err.getvalue()}
 
 
 @pytest.mark.parametrize(("words", "env", "code", "message"), BAD_INPUTS)
 def test_each_bad_input_is_one_line_with_its_exit_code(
-    words: list[str], env: dict[str, str], code: int, message: str, children: dict[str, Any]
+    words: list[str], env: dict[str, str], code: int, message: str, children: dict[str, Any], folders: Path
 ) -> None:
-    text = call(children, ["check", *words], env)
+    text = call(children, folders, ["check", *words], env, message)
     assert text["code"] == code, text["err"][-2000:]
     assert text["out"] == "" and "Traceback" not in text["err"]
     lines = text["err"].strip().splitlines()
     assert len(lines) == 1 and message in lines[0], text["err"]
-    as_json = call(children, ["check", "--json", *words], env)
+    as_json = call(children, folders, ["check", "--json", *words], env, message)
     out = one_json_object(as_json["code"], as_json["out"], as_json["err"])
     assert as_json["code"] == code and message in str(out["message"])
-    if not message.startswith(("vllm serve: error", "speculative model", "ModelConfig", "SchedulerConfig")):
+    if not needs_vllm(message):
         assert not text["vllm"] and not as_json["vllm"]  # refused before vLLM is imported
         assert not text["torch"] and not as_json["torch"]  # and before torch
 
@@ -250,16 +260,6 @@ def test_a_hub_drafter_is_checked_as_the_model_is(
     err = capsys.readouterr().err
     assert err.startswith(f"vllm-staging-plugin check: cannot check on this machine: speculative model "
                           f"'org/drafter' {says}") and err.count("\n") == 1, err  # fmt: skip
-
-
-def test_patch_presize_dry_run_is_one_line_without_vllms_cpu_noise(children: dict[str, Any]) -> None:
-    """Where vLLM sizes its staging itself the answer comes from replaying it on CPU, which imports vLLM:
-    its CPU-only messages stay hidden, as in the check. Where the patch fits, vLLM is never imported."""
-    result = children["patch"]
-    assert result["code"] == 0 and result["err"] == "", result["err"]
-    (line,) = result["out"].strip().splitlines()
-    expected = "vllm-staging-plugin patch: not needed" if SIZES_STAGING else "would apply: "
-    assert line.startswith(expected)
 
 
 def test_an_unknown_architecture_is_one_line_not_vllms_list(tmp_path: Path, capsys: Any) -> None:
@@ -349,11 +349,18 @@ def test_the_console_script_end_to_end_quietly(children: dict[str, Any]) -> None
     assert deprecated == [] if SIZES_STAGING else quiet["err"] == ""
 
 
-def test_verbose_shows_everything_else_unchanged(children: dict[str, Any]) -> None:
-    loud = children["verbose"]
-    assert loud["code"] == 0 and loud["out"] == children["quiet"]["out"]
-    assert " INFO " in loud["err"] and any(noise in loud["err"] for noise in CPU_ONLY_NOISE)
-    assert loud["err"].startswith("note: messages about vllm._C and Triton are expected on a machine without")
+@pytest.mark.usefixtures("offline")
+def test_verbose_shows_everything_else_unchanged(
+    children: dict[str, Any], folders: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``-v``: the same answer as the quiet console script's, vLLM's INFO lines beside it, and first the
+    line that says why vLLM's CPU-only messages come (test_quiet.py: ``-v`` drops none of them)."""
+    with contextlib.chdir(folders), terminal_logs():  # the quiet one's model folder: the answer names it
+        code = main(["check", "-v", "--", children["quiet"]["model"], *NO_WEIGHTS, *KIMI_CRASH])
+    loud = capsys.readouterr()
+    assert code == 0 and loud.out == children["quiet"]["out"]
+    assert " INFO " in loud.err
+    assert loud.err.startswith("note: messages about vllm._C and Triton are expected on a machine without")
 
 
 def test_help_lists_every_option_and_the_exit_codes(tmp_path: Path) -> None:

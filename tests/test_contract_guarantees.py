@@ -21,7 +21,6 @@ pytest.importorskip("vllm.v1.worker.gpu.cudagraph_utils")
 import vllm_staging_plugin
 from vllm_staging_plugin._engine import capture_session, installer, receipts, runner_guard, staging
 from vllm_staging_plugin._engine.policies import BuiltinPolicies
-from vllm_staging_plugin._engine.settings import Settings
 from vllm_staging_plugin._offline import cpu_replay, seams
 from vllm_staging_plugin._offline.cpu_replay import ReplayConfig
 
@@ -219,15 +218,3 @@ def test_ray_v2_executor_hands_workers_the_whole_driver_environment(monkeypatch:
     copied = ray_env_utils.get_driver_env_vars(worker_specific_vars={"CUDA_VISIBLE_DEVICES"})
     assert copied["STAGING_PLUGIN_ORDER"] == "ascending"
     assert "CUDA_VISIBLE_DEVICES" not in copied
-
-
-def test_operator_prefixes_are_kept() -> None:
-    env = {"STAGING_PLUGIN_ORDER": "ascending", installer.RAY_PREFIXES_VARIABLE: "MYCO_, NCCL_"}
-    forwarding = installer.Installer(Settings(disabled=True), environ=env)
-    forwarding.install()
-    assert env[installer.RAY_PREFIXES_VARIABLE] == "MYCO_,NCCL_,STAGING_PLUGIN_"
-    forwarding.uninstall()
-    assert env[installer.RAY_PREFIXES_VARIABLE] == "MYCO_, NCCL_"  # the operator's value, as it was
-    untouched: dict[str, str] = {}
-    installer.Installer(Settings(disabled=True), environ=untouched).install()  # no plugin variable
-    assert untouched == {}

@@ -1,4 +1,4 @@
-"""The plugin stands down on a vLLM that already pre-sizes: vLLM 0.33.0 with upstream/'s patch applied.
+"""The plugin stands down on a vLLM that already pre-sizes: vLLM 0.33.0 with lab/upstream/'s patch applied.
 
 The patched copy of ``cudagraph_utils`` is built with ``patch -p1`` from the installed file and swapped
 in for the test (``sys.modules`` and the parent package's attribute), so the real route (``register()``,

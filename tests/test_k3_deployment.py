@@ -103,7 +103,7 @@ def test_every_model_folder_shipped_is_checked_above() -> None:
 
 
 def _tool() -> Any:
-    spec = importlib.util.spec_from_file_location("k3_settings", ROOT / "tools" / "k3_settings.py")
+    spec = importlib.util.spec_from_file_location("k3_settings", ROOT / "lab" / "k3_settings.py")
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     sys.modules.setdefault("k3_settings", module)  # its dataclass resolves annotations through it
@@ -112,6 +112,7 @@ def _tool() -> Any:
 
 
 @pytest.mark.skipif(SIZES_STAGING, reason="the page gives vLLM 0.33.0's answers")
+@pytest.mark.lab  # the lab's generator and GPU stages
 def test_the_k3_settings_page_is_what_check_answers_now() -> None:
     """The page's rows at tensor parallel 8 with --use-replayssm (the ones that crash stock among them)
     are regenerated here and must be on the page as they are."""
@@ -126,11 +127,12 @@ def test_the_k3_settings_page_is_what_check_answers_now() -> None:
     )
 
 
+@pytest.mark.lab  # the lab's generator and GPU stages
 def test_the_k3_gpu_stages_dry_run_on_any_machine(tmp_path: Path) -> None:
     """``DRY_RUN=1 session.sh k3-deploy`` lists the planned boots (nothing installed, no GPU); ``k3-serve``
     plans its `vllm serve` boots first; the decode stage's engines are the deployment's three arms."""
     env = os.environ | {"DRY_RUN": "1", "PYTHON": sys.executable, "OUT": str(tmp_path)}
-    deploy = subprocess.run(["bash", "benchmarks/gpu/session.sh", "k3-deploy"], cwd=ROOT, env=env,
+    deploy = subprocess.run(["bash", "lab/gpu/session.sh", "k3-deploy"], cwd=ROOT, env=env,
                             capture_output=True, text=True, timeout=300)  # fmt: skip
     assert deploy.returncode == 0, deploy.stderr
     booted = [line.split()[2] for line in deploy.stdout.splitlines() if line.startswith("would boot")]
@@ -144,14 +146,14 @@ def test_the_k3_gpu_stages_dry_run_on_any_machine(tmp_path: Path) -> None:
             kwargs = json.loads(line.split(" ", 4)[4].rsplit(" env=", 1)[0])
             assert kwargs["speculative_config"]["num_speculative_tokens"] == 8
             assert kwargs["use_replayssm"] is True and kwargs["max_num_seqs"] == 48
-    serve = subprocess.run(["bash", "benchmarks/gpu/session.sh", "k3-serve"], cwd=ROOT, env=env,
+    serve = subprocess.run(["bash", "lab/gpu/session.sh", "k3-serve"], cwd=ROOT, env=env,
                            capture_output=True, text=True, timeout=300)  # fmt: skip
     assert serve.returncode == 0, serve.stderr
     first = [line.split()[2] for line in serve.stdout.splitlines() if line.startswith("would boot")][:3]
     assert sorted(first) == sorted(["r0-kimi-k3-mxfp4-dspark8-llm-join-descending-vanilla",
                                     "r0-kimi-k3-mxfp4-dspark8-serve-join-descending-plugin",
                                     "r1-kimi-k3-mxfp4-dspark8-serve-join-descending-plugin"])  # fmt: skip
-    decode = subprocess.run(["bash", "benchmarks/gpu/session.sh", "k3-decode"], cwd=ROOT, env=env,
+    decode = subprocess.run(["bash", "lab/gpu/session.sh", "k3-decode"], cwd=ROOT, env=env,
                             capture_output=True, text=True, timeout=300)  # fmt: skip
     assert decode.returncode == 0, decode.stderr
     engines = [line.split()[0] for line in decode.stdout.splitlines() if line.startswith("kimi-k3-mxfp4")]
@@ -159,11 +161,12 @@ def test_the_k3_gpu_stages_dry_run_on_any_machine(tmp_path: Path) -> None:
                        "kimi-k3-mxfp4-dspark8-vanilla-vllm-presize"]  # fmt: skip
 
 
+@pytest.mark.lab  # the lab's generator and GPU stages
 def test_the_k3_tensor_parallel_stage_dry_runs_at_the_machines_gpu_count(tmp_path: Path) -> None:
     """``DRY_RUN=1 session.sh k3-tp`` (no GPU here: the dry run's two) plans every boot at tensor parallel
     = the GPU count, the `vllm serve` boots with ``--tensor-parallel-size`` among them."""
     env = os.environ | {"DRY_RUN": "1", "PYTHON": sys.executable, "OUT": str(tmp_path)}
-    run = subprocess.run(["bash", "benchmarks/gpu/session.sh", "k3-tp"], cwd=ROOT, env=env,
+    run = subprocess.run(["bash", "lab/gpu/session.sh", "k3-tp"], cwd=ROOT, env=env,
                          capture_output=True, text=True, timeout=300)  # fmt: skip
     assert run.returncode == 0, run.stderr
     lines = [line for line in run.stdout.splitlines() if line.startswith("would boot")]

@@ -75,7 +75,7 @@ def patched(strict: bool = False) -> tuple[KdaFix, type]:
 
 
 def test_it_keeps_one_slot_per_speculative_token_and_says_the_cost_once(plugin_log: Any) -> None:
-    patch, cls = patched()
+    _, cls = patched()
     assert is_plugin_wrapper(cls.__dict__["get_kv_cache_spec"])
     assert cls().get_kv_cache_spec(config()).num_speculative_blocks == 8
     assert cls().get_kv_cache_spec(config()).num_speculative_blocks == 8  # every layer, every call
@@ -85,7 +85,6 @@ def test_it_keeps_one_slot_per_speculative_token_and_says_the_cost_once(plugin_l
                 "each such layer instead of 100",
                 end="STAGING_PLUGIN_KDA_FIX=off turns this off")  # fmt: skip
     assert len(plugin_log.at(10)) == 1  # the second layer's at DEBUG
-    assert ("kept" in patch.said) and "already kept" not in patch.said
 
 
 @pytest.mark.parametrize(
@@ -110,7 +109,6 @@ def test_a_vllm_that_keeps_the_slots_is_left_alone_with_one_info_line(plugin_log
     (line,) = plugin_log.at(20)
     assert_says(line, "vllm-staging-plugin: this vLLM's KimiGatedDeltaNetAttention already keeps 8",
                 end="the plugin leaves its KV-cache spec to vLLM")  # fmt: skip
-    assert ("already kept" in patch.said) and "kept" not in patch.said
     patch.uninstall()
     assert not is_plugin_wrapper(cls.__dict__["get_kv_cache_spec"])  # its own method put back
 
@@ -208,7 +206,7 @@ def test_a_spec_the_fix_cannot_account_for_gets_vllms_spec_back_with_one_warning
     assert_says(line, "vllm-staging-plugin: the KDA state-slot fix is inactive",
                 f"KimiGatedDeltaNetAttention.get_kv_cache_spec: {reason}",
                 end="Set STAGING_PLUGIN_STRICT=1 to fail instead.")  # fmt: skip
-    assert plugin_log.at(20) == [] and "kept" not in patch.said
+    assert plugin_log.at(20) == []
     strict = KdaFix(Settings(strict=True))
     strict.apply(type("KimiGatedDeltaNetAttention", (base,), {}))
     assert strict.wrap is not None
@@ -223,7 +221,7 @@ def test_quiet_keeps_the_slots_without_a_line(plugin_log: Any) -> None:
         patch.keep_slots("L", config(), Spec(num_speculative_blocks=8), quiet=True).num_speculative_blocks
         == 8
     )
-    assert plugin_log.at(20) == [] and "kept" not in patch.said and "already kept" not in patch.said
+    assert plugin_log.at(20) == []
 
 
 def test_the_slot_cost_is_the_specs_own_accounting() -> None:

@@ -1,4 +1,4 @@
-"""The capture-order study's harness (``benchmarks/``): the stage plans every order on both models, the
+"""The capture-order study's harness (``lab/``): the stage plans every order on both models, the
 engine log's KV-cache lines are read, and the order table's ratios and picture come from the records."""
 
 from __future__ import annotations
@@ -15,13 +15,15 @@ from typing import Any
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "benchmarks"))  # the study package, as benchmarks/order_study.py imports it
+sys.path.insert(0, str(ROOT / "lab"))  # the study package, as lab/order_study.py imports it
 
 from study import boot, logs, summary  # noqa: E402
 from study.plan import ORDERS, STOPPED, Cell  # noqa: E402
 from study.scheduler import Running, stop_running, typical_wall  # noqa: E402
 
 from vllm_staging_plugin._engine.policies import BuiltinPolicies  # noqa: E402
+
+pytestmark = pytest.mark.lab  # the lab's own code: `pytest -m lab` (CI) runs it
 
 
 def test_the_study_knows_every_builtin_order() -> None:
@@ -35,7 +37,7 @@ def dry_run(tmp_path: Path, stage: str, **env: str) -> subprocess.CompletedProce
     """``session.sh STAGE`` planning only, its records and archive under ``tmp_path``."""
     env = {"DRY_RUN": "1", "PYTHON": sys.executable, "OUT": str(tmp_path / "out"),
            "STUDY_DIR": str(tmp_path / "study")} | env  # fmt: skip
-    return subprocess.run(["bash", "benchmarks/gpu/session.sh", stage], cwd=ROOT, env=os.environ | env,
+    return subprocess.run(["bash", "lab/gpu/session.sh", stage], cwd=ROOT, env=os.environ | env,
                           capture_output=True, text=True, timeout=300)  # fmt: skip
 
 

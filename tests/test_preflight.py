@@ -272,7 +272,7 @@ def _process_state() -> dict[str, Any]:
         "meta_path": [id(finder) for finder in sys.meta_path],
         "installed": id(process),
         "installer": None if process is None else (process.installed, [id(fix) for fix in fixes]),
-        "fixes": [(id(f.wrap), f.wrap and f.wrap.live, sorted(f.said), f.suspended) for f in fixes],
+        "fixes": [(id(f.wrap), f.wrap and f.wrap.live, f.suspended) for f in fixes],
         "staging": [f.vllm_sizes_staging for f in fixes if hasattr(f, "vllm_sizes_staging")],
         "class": {name: id(cls.__dict__[name]) for name in ("__init__", "capture")},
         "plugin_wrappers": [is_plugin_wrapper(cls.__dict__[name]) for name in ("__init__", "capture")],
@@ -518,6 +518,7 @@ NOT_LOADED = [  # --speculative-config values whose `model` vLLM does not load a
 PROPOSER = {"model": "my_pkg.MyProposer", "num_speculative_tokens": 2}  # a class on 0.29.0-0.33.0
 
 
+@pytest.mark.usefixtures("model_inspection_cache")
 @pytest.mark.parametrize("spec", [*NOT_LOADED, PROPOSER], ids=lambda s: f"{s.get('method')}-{s['model']}")
 def test_the_drafter_is_checked_exactly_when_vllm_loads_its_name_as_a_model(
     spec: dict[str, Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch

@@ -4,7 +4,7 @@ For any configuration (mode, capture grid, max_num_seqs, decode_query_len, pipel
 LoRA cases, varlen decode, DBO twins, a dense speculative schedule and KDA recover-SSM where this release
 has them) and any permutation of its descriptors, the patched capture runs every descriptor and every
 staging buffer holds the capacity rows. In vLLM's own order, wherever stock survives the patched buffers
-are byte-identical to stock; wherever stock crashes (tools/stock_atlas.py maps where), patched boots.
+are byte-identical to stock; wherever stock crashes (lab/stock_atlas.py maps where), patched boots.
 """
 
 from __future__ import annotations

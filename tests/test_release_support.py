@@ -1,4 +1,4 @@
-"""Per-release verdict against the installed vLLM (any release; see tools/compat_matrix.py).
+"""Per-release verdict against the installed vLLM (any release; see lab/compat_matrix.py).
 
 Supported: register() patches the real class. Refused: vLLM is left untouched with exactly one warning.
 """

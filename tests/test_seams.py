@@ -1,6 +1,6 @@
 """Contract tests of ``_offline/seams/`` against the installed vLLM: each private it reaches still answers
 as its docstring says, and the process is left as it was found. CI runs them on every release it covers
-(tools/compat_matrix.py's, the installed 0.33.0 and 0.34.0); the pre-flight's seams need the parser the
+(lab/compat_matrix.py's, the installed 0.33.0 and 0.34.0); the pre-flight's seams need the parser the
 pre-flight uses (``vllm.entrypoints.common.cli_args``) and skip without it."""
 
 from __future__ import annotations
@@ -113,7 +113,7 @@ def test_without_the_serve_parser_the_check_says_what_it_needs(
                 arguments.PARSER_MODULE, f"vLLM {RELEASE} lacks")  # fmt: skip
 
 
-# Each release's answers, pinned from the releases themselves (tools/compat_matrix.py runs this file on
+# Each release's answers, pinned from the releases themselves (lab/compat_matrix.py runs this file on
 # every supported one): the first release with each manager knob, with the uniform decode sizes in the
 # derived grid, and with the 1024 ceiling on data-centre Blackwell.
 KNOB_SINCE = {"intermediate_tensors": "0.19.0", "lora_capture_cases": "0.24.0", "dense_schedule": "0.25.0",

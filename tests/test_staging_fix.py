@@ -245,7 +245,6 @@ def test_the_inactive_warning_names_the_reason_and_the_ignored_order_once_per_pa
     refusing.refuse("the reason")
     refusing.refuse("a second reason")  # one warning per patch, so one per process
     assert_inactive(plugin_log.warnings, "the reason", ignored)
-    assert "refused" in refusing.said
 
 
 def test_refuse_raises_exactly_when_its_settings_are_strict(
@@ -259,7 +258,7 @@ def test_refuse_raises_exactly_when_its_settings_are_strict(
     strict = StagingFix(Settings(strict=True))
     with pytest.raises(compat.IncompatibleVllm, match=r"^vllm-staging-plugin \(strict mode\): built strict$"):
         strict.refuse("built strict")
-    assert "refused" not in strict.said and len(plugin_log.warnings) == 1
+    assert len(plugin_log.warnings) == 1  # the lenient one's only
 
 
 def test_deactivating_a_patch_that_holds_no_class_still_warns(plugin_log: Any) -> None:
@@ -457,7 +456,7 @@ def test_mains_mark_reorders_the_real_capture_only(
     vllm_staging_plugin.register()
     manager = in_mains_shape(build(fake_module.ModelCudaGraphManager), sample)
     assert manager.capture() == captured and manager.hidden_states.shape == (8, 8)
-    assert plugin_log.warnings == [] and "order refused" not in installed_fix("staging").said
+    assert plugin_log.warnings == []
 
 
 def test_an_unknown_mark_keeps_vllms_order_with_one_warning_and_still_presizes(
@@ -481,9 +480,7 @@ def test_an_unknown_mark_keeps_vllms_order_with_one_warning_and_still_presizes(
         "still pre-sized",
         end="Set STAGING_PLUGIN_STRICT=1 to fail instead.",
     )
-    assert (
-        "order refused" in installed_fix("staging").said
-    ) and spy.call_count == 0  # nothing reordered: no rank check
+    assert spy.call_count == 0  # nothing reordered: no rank check
 
 
 def test_an_unknown_mark_under_vllms_own_order_says_nothing(
@@ -493,7 +490,7 @@ def test_an_unknown_mark_under_vllms_own_order_says_nothing(
     vllm_staging_plugin.register()
     manager = in_mains_shape(build(fake_module.ModelCudaGraphManager), None)
     assert manager.capture() == [8, 4, 2, 1, 2, 1]
-    assert plugin_log.warnings == [] and "order refused" not in installed_fix("staging").said
+    assert plugin_log.warnings == []
 
 
 def test_an_unknown_mark_in_strict_mode_stops_the_capture_before_it_starts(

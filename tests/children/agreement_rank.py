@@ -1,5 +1,5 @@
-"""One rank of tests/test_agreement.py's layouts (``DP`` data-parallel engines of ``TP`` tensor-parallel
-ranks each; default 2 x 2), forked together with the others (children/fork_driver.py): one real gloo
+"""One rank of tests/test_agreement.py's layout (``DP`` data-parallel engines of ``TP`` tensor-parallel
+ranks each), forked together with the others (children/fork_driver.py): one real gloo
 group, the real manager on CPU, each scenario of ``SCENARIOS`` (JSON: name, order per rank, MoE, how late
 engine 1 comes, the agreement's wait bound)."""
 
@@ -23,7 +23,7 @@ from vllm_staging_plugin._offline import cpu_replay, seams
 
 def main() -> None:
     rank = int(os.environ["RANK"])
-    tp, dp = int(os.environ.get("TP", "2")), int(os.environ.get("DP", "2"))
+    tp, dp = int(os.environ["TP"]), int(os.environ["DP"])
     seams.cudagraph_module()  # vLLM's module is imported: each register() below patches at once
     # Each scenario registers the plugin again; the store counts each rank's agreement rounds across them.
     dist.init_process_group("gloo", rank=rank, world_size=tp * dp, timeout=timedelta(seconds=120))

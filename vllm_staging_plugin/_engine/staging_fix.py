@@ -12,7 +12,7 @@ Registry entry (vllm-ascend's fields):
     (:mod:`.capture_session`) and grows vLLM's first short output (:mod:`.staging`). Where vLLM sizes
     the staging itself it stands down with one INFO line; the order knob and receipts keep working.
     Upstream PR: vllm-project/vllm#47925 (closed unmerged); ``patches/presize-staging-buffers.patch``, with
-    its regression test ``upstream/test_cudagraph_presize.py``.
+    its regression test ``lab/upstream/test_cudagraph_presize.py``.
     Removal: once no supported release allocates lazily; the order knob then needs an upstream hook.
 """
 

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Builds a payload that puts a real vLLM on the lent GPU machine, which has no package registry.
-# Run it from the project root: bash benchmarks/gpu/build-payload.sh [VLLM_VERSION]   (default 0.33.0)
+# Run it from the project root: bash lab/gpu/build-payload.sh [VLLM_VERSION]   (default 0.33.0)
 # It writes .gpu/p1, .gpu/p2, ... holding vLLM, its dependency wheels and Ray (each under 61 MiB, so one
 # fits in a GPU-machine run beside the project), and keeps them git-ignored. PAYLOAD=.gpu034 writes another
 # folder (so that several releases wait side by side); RAY=0 leaves Ray out (one part fewer: only the ray

@@ -1,6 +1,6 @@
 """Run the contract tests against any list of vLLM releases on a machine without a GPU.
 
-For each release: build its overlay (tools/atlas/overlay.py: its Python files,
+For each release: build its overlay (lab/atlas/overlay.py: its Python files,
 without the compiled extensions, over the environment of .ci/setup, vLLM 0.33.0's dependency set with
 torch 2.13.0+cpu, plus its pinned packages), ask the plugin's own structure check whether it would
 patch, then run the release tests with that overlay first on PYTHONPATH:
@@ -11,14 +11,14 @@ patch, then run the release tests with that overlay first on PYTHONPATH:
   refused   -> tests/test_release_support.py (the plugin leaves vLLM untouched, one warning)
 
 then, for each bundled vLLM patch whose span names the release (vllm_patches.PATCHES), its two upstream
-arms with the same overlay: upstream/run-patched.sh (the regression test passes patched) and
-upstream/run-stock.sh (it fails on the stock release the way the patch fixes).
+arms with the same overlay: lab/upstream/run-patched.sh (the regression test passes patched) and
+lab/upstream/run-stock.sh (it fails on the stock release the way the patch fixes).
 
-  .venv/bin/python tools/compat_matrix.py 0.18.0 0.24.0 [--json rows.json]   # prints a markdown table
-  .venv/bin/python tools/compat_matrix.py --all   # 0.14.0 ... 0.34.0
+  .venv/bin/python lab/compat_matrix.py 0.18.0 0.24.0 [--json rows.json]   # prints a markdown table
+  .venv/bin/python lab/compat_matrix.py --all   # 0.14.0 ... 0.34.0
 
 A release answered otherwise than expected (supported from 0.18.0 on, refused before) fails with its
-tests not run; a release tools/atlas/releases.py does not list is refused with one line.
+tests not run; a release lab/atlas/releases.py does not list is refused with one line.
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ from vllm_staging_plugin._offline.vllm_patches import PATCHES
 ROOT = Path(__file__).resolve().parents[1]
 CACHE = ROOT / ".cache" / "compat"
 ALL = list(RELEASES)
-PACKAGES = ROOT / "tools" / "compat-packages.txt"
+PACKAGES = ROOT / "lab" / "compat-packages.txt"
 SUPPORTED_TESTS = [
     "tests/test_contract_vllm.py",
     "tests/test_contract_guarantees.py",
@@ -56,12 +56,12 @@ SUMMARY = re.compile(r"(\d+) (passed|failed|skipped|error|errors)")
 
 
 def release_env(version: str) -> tuple[dict[str, str], dict[str, object], str]:
-    """:func:`overlay.release_env` with this repository's cache and pinned list (tools/stock_atlas.py too)."""
+    """:func:`overlay.release_env` with this repository's cache and pinned list (lab/stock_atlas.py too)."""
     return overlay.release_env(version, CACHE, PACKAGES, ROOT)
 
 
 def expected_verdict(version: str) -> str:
-    """What the plugin must answer on a release this repository knows (tools/atlas/releases.py)."""
+    """What the plugin must answer on a release this repository knows (lab/atlas/releases.py)."""
     return "supported" if version in SUPPORTED else "refused"
 
 
@@ -69,7 +69,7 @@ def run_release(version: str) -> dict[str, object]:
     started = time.monotonic()
     if version not in ALL:
         raise SystemExit(
-            f"unknown vLLM release {version!r}; known: {ALL[0]}-{ALL[-1]} (tools/atlas/releases.py)"
+            f"unknown vLLM release {version!r}; known: {ALL[0]}-{ALL[-1]} (lab/atlas/releases.py)"
         )
     env, result, torch = release_env(version)
     expected = expected_verdict(version)
@@ -99,13 +99,13 @@ def run_release(version: str) -> dict[str, object]:
     for name in arms:
         for arm in ("run-patched.sh", "run-stock.sh"):
             run = subprocess.run(
-                ["bash", f"upstream/{arm}", name], env={**env, "PYTHON": sys.executable},
+                ["bash", f"lab/upstream/{arm}", name], env={**env, "PYTHON": sys.executable},
                 capture_output=True, text=True, cwd=ROOT,
             )  # fmt: skip
             if run.returncode:
                 result["rc"] = run.returncode
                 lines = (run.stdout + run.stderr).strip().splitlines()
-                failures.append(f"upstream/{arm} {name}: {lines[-1] if lines else 'no output'}")
+                failures.append(f"lab/upstream/{arm} {name}: {lines[-1] if lines else 'no output'}")
     result["arms"] = ", ".join(arms) or "none"
     result["seconds"] = round(time.monotonic() - started, 1)
     if failures:

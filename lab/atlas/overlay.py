@@ -1,7 +1,7 @@
 """An older vLLM release's Python files overlaid on this environment, for the compat matrix's tests and the
 atlas's worker processes: its wheel downloaded without dependencies and extracted without compiled files
 or C++/CUDA sources (extensions need a GPU driver; nothing run here loads or builds them), only the pinned
-packages it needs installed (tools/compat-packages.txt: exact versions and wheel hashes), and the plugin's
+packages it needs installed (lab/compat-packages.txt: exact versions and wheel hashes), and the plugin's
 own structure check asked whether it would patch. A development tool: nothing in vLLM's processes
 imports it."""
 
@@ -18,7 +18,7 @@ from pathlib import Path
 
 from .releases import span
 
-PROBE = "atlas.probe"  # run with python -m in the overlaid environment, tools/ last on its path
+PROBE = "atlas.probe"  # run with python -m in the overlaid environment, lab/ last on its path
 TOOLS = Path(__file__).resolve().parent.parent
 NATIVE_SOURCES = {".c", ".cc", ".cpp", ".cu", ".cuh", ".h", ".hpp", ".inl"}
 MISSING = re.compile(r"No module named '([\w.]+)'|requires \"([\w.-]+)\" to be installed")
@@ -62,7 +62,7 @@ def _readable(wheel: zipfile.ZipFile, name: str) -> bool:
 
 
 def pins(version: str, path: Path) -> list[str]:
-    """The pinned packages of ``path`` (tools/compat-packages.txt) for ``version``, as hash-checked
+    """The pinned packages of ``path`` (lab/compat-packages.txt) for ``version``, as hash-checked
     requirement lines."""
     out = []
     for number, raw in enumerate(path.read_text().splitlines(), 1):

@@ -1,5 +1,5 @@
 """The vLLM releases this repository tests against, in release order: one list for the compat matrix
-(``tools/compat_matrix.py``, every release) and the atlas (``tools/stock_atlas.py``, the supported ones).
+(``lab/compat_matrix.py``, every release) and the atlas (``lab/stock_atlas.py``, the supported ones).
 """
 
 from __future__ import annotations

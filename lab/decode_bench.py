@@ -15,14 +15,14 @@ Design, chosen so that the ratio is trustworthy:
 - Reported: tokens/s per call, the median per arm, the ratio of medians (plugin / vanilla) and the paired
   per-rep ratios; plus the first tokens of each arm (identical when the plugin changes nothing observable).
 
-- ``--engines A,B,C`` (each ``MODEL=ARM[+VARIANT]``, benchmarks/study/plan.py) compares engines that differ
+- ``--engines A,B,C`` (each ``MODEL=ARM[+VARIANT]``, lab/study/plan.py) compares engines that differ
   in more than the arm (another grid, a patched vLLM) on one GPU, at most two alive at once (a Kimi-K3 MXFP4
   engine holds about 55 GiB): A stays up, each other engine is booted after A, measured against A ABAB-wise
   (rep 0: A X, rep 1: X A, ...), and stopped before the next; ratios are X / A.
 
-  python benchmarks/decode_bench.py run --out DIR [--models qwen3-0.6b,qwen3-8b] [--batches 1,64] [--reps 3]
-  python benchmarks/decode_bench.py run --out DIR --engines MODEL=plugin,MODEL-workaround=vanilla,...
-  python benchmarks/decode_bench.py summarize DIR
+  python lab/decode_bench.py run --out DIR [--models qwen3-0.6b,qwen3-8b] [--batches 1,64] [--reps 3]
+  python lab/decode_bench.py run --out DIR --engines MODEL=plugin,MODEL-workaround=vanilla,...
+  python lab/decode_bench.py summarize DIR
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-# the same shapes, arms' environments and log analysis as the boot study (benchmarks/study/)
+# the same shapes, arms' environments and log analysis as the boot study (lab/study/)
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from study import boot as study_boot
 from study import logs, models, plan, scheduler

@@ -1,7 +1,7 @@
 """How long `vllm-staging-plugin check -- ...` takes, cold and warm, per phase. A benchmark,
 not a test: run it on a quiet machine and record the table (docs/preflight.md, "How long it takes").
 
-  python benchmarks/preflight_speed.py [--n 5] [--out FILE.json]
+  python lab/preflight_speed.py [--n 5] [--out FILE.json]
 
 Each run is the console script in a fresh process, as an operator runs it, on the small Kimi-Linear
 recover-SSM configuration (a crash: the stock workaround's verification replays are part of it). *Cold*:

@@ -1,17 +1,17 @@
 #!/usr/bin/env bash
 # Stock arm: an upstream test against the installed, unpatched vLLM. Exits 0 only when the test fails the
 # way its patch fixes, and every other case passes. Nothing is left behind.
-#   bash upstream/run-stock.sh presize   the recover-SSM (Kimi-K3) case and the ascending-order cases fail
+#   bash lab/upstream/run-stock.sh presize   the recover-SSM (Kimi-K3) case and the ascending-order cases fail
 #       with vLLM's own staging-copy error ("The expanded size of the tensor (256) must match the existing
 #       size (261)" for Kimi-K3), raised by store_capture_output's copy
-#   bash upstream/run-stock.sh kda       the --use-replayssm cases fail: no state slot per speculative
+#   bash lab/upstream/run-stock.sh kda       the --use-replayssm cases fail: no state slot per speculative
 #       token, and a (1, 1) state index for a speculative decode beside a prefill
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 case ${1:-} in
   presize) test=test_cudagraph_presize.py ;;
   kda) test=test_kda_spec_state_slots.py ;;
-  *) echo "usage: bash upstream/run-stock.sh presize|kda" >&2; exit 2 ;;
+  *) echo "usage: bash lab/upstream/run-stock.sh presize|kda" >&2; exit 2 ;;
 esac
 python=${PYTHON:-.venv/bin/python}
 tmp=$(mktemp -d)
@@ -19,8 +19,8 @@ trap 'rm -rf "$tmp"' EXIT
 
 export PYTHONDONTWRITEBYTECODE=1 VLLM_PLUGINS=none
 rc=0
-"$python" -m pytest -c upstream/pytest.ini -p no:cacheprovider -q -W ignore::DeprecationWarning --tb=short \
-    --show-capture=no --junitxml="$tmp/stock.xml" "upstream/$test" || rc=$?
+"$python" -m pytest -c lab/upstream/pytest.ini -p no:cacheprovider -q -W ignore::DeprecationWarning --tb=short \
+    --show-capture=no --junitxml="$tmp/stock.xml" "lab/upstream/$test" || rc=$?
 [[ $rc == 1 ]] || { echo "run-stock: pytest exited $rc, expected 1 (tests failed)" >&2; exit 1; }
 "$python" - "$tmp/stock.xml" "$1" <<'PY'
 import sys

@@ -1,4 +1,4 @@
-"""The GPU boot study behind ``benchmarks/order_study.py``, split by job.
+"""The GPU boot study behind ``lab/order_study.py``, split by job.
 
 - ``models``: the config-only model shapes (dummy weights) and the engine arguments each is booted with;
 - ``plan``: which boots a run wants (arms, orders, variants, ``--fill-to``);
@@ -8,6 +8,6 @@
 - ``summary``: the tables printed from the boot records;
 - ``validate``: the CPU check of every shape through vLLM's own config and argument classes.
 
-``benchmarks/order_study.py`` is the command line; ``benchmarks/decode_bench.py`` reuses the shapes, the
+``lab/order_study.py`` is the command line; ``lab/decode_bench.py`` reuses the shapes, the
 arms' environments and the log analysis.
 """

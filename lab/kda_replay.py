@@ -4,7 +4,7 @@ with the argument shapes the layer passes at the K3 widths (one request, 1 + 8 q
 128), once per state-index layout. Run it under compute-sanitizer with PyTorch's caching allocator off, so
 that each tensor is its own device allocation and a read past the index's end is reported:
 
-  PYTORCH_NO_CUDA_MEMORY_CACHING=1 compute-sanitizer --tool memcheck python benchmarks/kda_replay.py short
+  PYTORCH_NO_CUDA_MEMORY_CACHING=1 compute-sanitizer --tool memcheck python lab/kda_replay.py short
 
 Layouts: ``short`` the (1, 1) index the layer builds for a mixed step under --use-replayssm (one word
 allocated, 1 + num_spec read); ``padded`` the padding control, a (1, 1) view whose storage holds 9 words of

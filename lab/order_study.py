@@ -14,10 +14,10 @@ A plan item ``[MODEL=]ARM@ORDER[+VARIANT]`` may add a variant, which changes onl
 model, arm/order); ``--concurrent K`` runs up to K at once, one per GPU (``--per-gpu`` allows more, see
 ``--help``), a TP x PP boot taking TP x PP GPUs to itself.
 
-  python benchmarks/order_study.py validate --out DIR           # CPU: configs through vLLM's own classes
-  python benchmarks/order_study.py run --out DIR [--models kimi-linear-4l] [--plan vanilla@descending,...]
+  python lab/order_study.py validate --out DIR           # CPU: configs through vLLM's own classes
+  python lab/order_study.py run --out DIR [--models kimi-linear-4l] [--plan vanilla@descending,...]
         [--tp 2] [--pp 2] [--serve-plan plugin@ascending] [--concurrent 2] [--fill-to 3] [--dry-run]
-  python benchmarks/order_study.py summarize DIR [--faults] [--plot PNG]  # boots table (markdown), token
+  python lab/order_study.py summarize DIR [--faults] [--plot PNG]  # boots table (markdown), token
         check, and where the plugin's boots wrote receipts the order table (and its picture)
   vllm-staging-plugin report DIR/receipts               # per-capture receipts (the plugin's arms)
 """

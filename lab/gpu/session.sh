@@ -2,7 +2,7 @@
 # One GPU-machine call per stage, each planned to end within STAGE_BUDGET seconds (default 510 = 8.5 min,
 # under the 10-minute limit of one call). Run from the project root on the GPU machine after the payload
 # is staged (bash .gpu/pK/device-stage.sh for every part; the last prints READY):
-#   bash benchmarks/gpu/session.sh kda|kda-dense|k3-control|kda-fault|k3|tp|...
+#   bash lab/gpu/session.sh kda|kda-dense|k3-control|kda-fault|k3|tp|...
 # It installs the plugin into /tmp/site (so vLLM finds its entry point the real way), runs the stage's
 # boots under a deadline (no boot starts unless 1.3x the model's typical boot still fits, its first boot
 # of the call, which may compile, left out) and an outer `timeout`, packs records, receipts, trimmed logs
@@ -54,7 +54,7 @@
 #              (2) The padding control x2. (3) The token check: one request whose prompt repeats (n-gram
 #              drafts from the first step) without speculation, without --use-replayssm, with it (stock)
 #              and with it on the patched vLLM. (4) The K3 capture crash (no plugin x2, n-gram 4 / 16 x1).
-#              (5) compute-sanitizer memcheck of benchmarks/kda_replay.py (three index layouts). Four boots
+#              (5) compute-sanitizer memcheck of lab/kda_replay.py (three index layouts). Four boots
 #              at a time on one GPU, each started once the others finished memory profiling (about one a
 #              minute).                                                       3 calls of ~9.5 min
 #   k3-deploy  Kimi-K3 as deployed: tests/data/kimi-k3-4l as shipped (MXFP4 experts, hidden 7168) with a
@@ -116,7 +116,7 @@
 #   decode     steady-state decode tokens/s, vanilla vs plugin under the default order, batch 1 and 64,
 #              Qwen3-0.6B on GPU 0 and Qwen3-8B on GPU 1, N=3 ABBA.                    about 5 min
 set -uo pipefail
-stage=${1:?usage: bash benchmarks/gpu/session.sh v024-seed|v033-kda|v033-order|v034-order|v034-kda|v034-k3|kda|kda-dense|k3-control|kda-fault|k3|k3-deploy|k3-serve|k3-tp|k3-decode|tp|pp-eagle3|parallel|decode|eagle3|ray}
+stage=${1:?usage: bash lab/gpu/session.sh v024-seed|v033-kda|v033-order|v034-order|v034-kda|v034-k3|kda|kda-dense|k3-control|kda-fault|k3|k3-deploy|k3-serve|k3-tp|k3-decode|tp|pp-eagle3|parallel|decode|eagle3|ray}
 here=$(cd "$(dirname "$0")" && pwd)
 cd "$here/../.."
 root=$(pwd)
@@ -151,7 +151,7 @@ if [[ $dry != 1 ]]; then
 fi
 extra=(); [[ $dry == 1 ]] && extra=(--dry-run --gpus 2)
 # Patched copies of the installed vLLM for the vllm-* variants: a symlink tree of the package with the
-# patched file made real, as upstream/run-patched.sh builds it; $STUDY_PATCHED_VLLM/NAME goes first on a
+# patched file made real, as lab/upstream/run-patched.sh builds it; $STUDY_PATCHED_VLLM/NAME goes first on a
 # boot's PYTHONPATH.
 export STUDY_PATCHED_VLLM=/tmp/vllm-patched
 patched_vllm() {  # NAME PATCH FILE (FILE relative to the vllm package)
@@ -171,13 +171,13 @@ left() { echo $((budget - SECONDS)); }
 study() {  # order_study.py run with the time left, 30 s kept for packing
   local t; t=$(left)
   if (( t < 90 )); then echo "budget: skipping study $*"; return 0; fi
-  timeout "$((t - 15))" $py benchmarks/order_study.py run --out "$work" --deadline "$((t - 30))" "${extra[@]}" "$@"
+  timeout "$((t - 15))" $py lab/order_study.py run --out "$work" --deadline "$((t - 30))" "${extra[@]}" "$@"
 }
-memcheck() {  # compute-sanitizer memcheck of benchmarks/kda_replay.py, the three layouts at once
+memcheck() {  # compute-sanitizer memcheck of lab/kda_replay.py, the three layouts at once
   [[ $dry != 1 ]] && command -v compute-sanitizer > /dev/null || return 0
   for layout in short padded staged; do
     PYTORCH_NO_CUDA_MEMORY_CACHING=1 timeout 75 compute-sanitizer --tool memcheck --print-limit 12 \
-      $py "$root/benchmarks/kda_replay.py" "$layout" > "$work/memcheck-$layout.txt" 2>&1 &
+      $py "$root/lab/kda_replay.py" "$layout" > "$work/memcheck-$layout.txt" 2>&1 &
   done
   wait
   for layout in short padded staged; do
@@ -215,7 +215,7 @@ case $stage in
           --serve-plan vanilla@descending --concurrent 2 --per-gpu 2 --boot-timeout 420 ;;
   kda-fault)
     # One plan over three models, so that the three boots at a time always have work (a model named in a
-    # plan item boots only that item). Variants change the environment alone (benchmarks/study/plan.py).
+    # plan item boots only that item). Variants change the environment alone (lab/study/plan.py).
     k3=kimi-linear-4l-dense-k3; wa=$k3-workaround; dv=$k3-derived
     p=$k3=plugin@descending; v=$wa=vanilla@descending
     study --models "$k3,$wa,$dv" --fill-to "${FILL_TO:-3}" --concurrent 3 --per-gpu 3 --boot-timeout 420 \
@@ -252,7 +252,7 @@ $b5=vanilla$d,$b5=plugin$d,$b7=vanilla$d,$b7=plugin$d" ;;
           --serve-plan "$m=plugin$d*2" --plan "$m=plugin$d*3,$m=vanilla$d*2,$m-workaround=vanilla$d" ;;
   k3-decode)
     m=kimi-k3-mxfp4-dspark8; t=$(left)
-    timeout "$((t - 15))" $py benchmarks/decode_bench.py run --out "$work" --deadline "$((t - 60))" "${extra[@]}" \
+    timeout "$((t - 15))" $py lab/decode_bench.py run --out "$work" --deadline "$((t - 60))" "${extra[@]}" \
       --engines "$m=plugin,$m-workaround=vanilla,$m=vanilla+vllm-presize" --gpu-mem 0.47 --boot-timeout 480 \
       --batches 1,16 --reps 3 --max-tokens 128 ;;
   v034-kda)
@@ -281,7 +281,7 @@ $b5=vanilla$d,$b5=plugin$d,$b7=vanilla$d,$b7=plugin$d" ;;
           --plan "$q=stock@ascending*3,$q=plugin@descending*2,$q=plugin@ascending*2" ;;
   v034-kda-decode)
     kl=kimi-linear-4l-dense-k3; t=$(left)
-    timeout "$((t - 15))" $py benchmarks/decode_bench.py run --out "$work" --deadline "$((t - 60))" "${extra[@]}" \
+    timeout "$((t - 15))" $py lab/decode_bench.py run --out "$work" --deadline "$((t - 60))" "${extra[@]}" \
       --engines "${KDA_DECODE_ENGINES:-$kl=plugin,$kl=vanilla+vllm-kdafix}" --gpu-mem 0.3 --boot-timeout 300 \
       --batches 1,16 --reps 3 --max-tokens 128 ;;
   tp)
@@ -316,19 +316,19 @@ $b5=vanilla$d,$b5=plugin$d,$b7=vanilla$d,$b7=plugin$d" ;;
     [[ $dry == 1 ]] || $py -m ray.scripts.scripts stop --force > /dev/null 2>&1 ;;
   decode)
     t=$(left)
-    timeout "$((t - 15))" $py benchmarks/decode_bench.py run --out "$work" --deadline "$((t - 40))" "${extra[@]}" \
+    timeout "$((t - 15))" $py lab/decode_bench.py run --out "$work" --deadline "$((t - 40))" "${extra[@]}" \
       --models qwen3-0.6b,qwen3-8b --batches 1,64 --reps 3 --max-tokens 128 ;;
   *) echo "unknown stage $stage"; exit 2 ;;
 esac
 
 cd "$work"
 if [[ $stage == decode || $stage == *-decode ]]; then
-  $py "$root/benchmarks/decode_bench.py" summarize . > summary.md 2>&1
+  $py "$root/lab/decode_bench.py" summarize . > summary.md 2>&1
   keep=(decode.json receipts); logs=engines; trimmed=(engines/*/engine.trim.log)
 else
   faults=(); [[ $stage == kda-fault || $stage == k3 ]] && faults=(--faults)
   plot=(); [[ $stage == *-order || $stage == v024-seed ]] && plot=(--plot order-study.png)
-  $py "$root/benchmarks/order_study.py" summarize . "${faults[@]}" "${plot[@]}" > summary.md 2>&1
+  $py "$root/lab/order_study.py" summarize . "${faults[@]}" "${plot[@]}" > summary.md 2>&1
   keep=(boots receipts); logs=logs; trimmed=(logs/*.trim.log)
 fi
 # full engine logs while they are small (they compress about 10x; one returned file may hold 16 MiB)

@@ -23,13 +23,13 @@ Replays are deterministic functions of (descriptor lists, staging path), so each
 once (stock and patched) and the outcome is counted for every configuration that produced it;
 ``--no-memo`` replays every configuration instead.
 
-  .venv/bin/python tools/stock_atlas.py                  # 0.18.0-0.33.0, writes docs/data/atlas/summary.json
-  .venv/bin/python tools/stock_atlas.py --installed      # the installed vLLM only, full search
-  .venv/bin/python tools/stock_atlas.py 0.30.0 0.33.0 --json /tmp/a.json
-  .venv/bin/python tools/stock_atlas.py --installed --search widths  # writes docs/data/atlas/widths.json
-  .venv/bin/python tools/stock_atlas.py 0.30.0 0.31.0 0.32.0 --search widths --no-sweep \
+  .venv/bin/python lab/stock_atlas.py                  # 0.18.0-0.33.0, writes docs/data/atlas/summary.json
+  .venv/bin/python lab/stock_atlas.py --installed      # the installed vLLM only, full search
+  .venv/bin/python lab/stock_atlas.py 0.30.0 0.33.0 --json /tmp/a.json
+  .venv/bin/python lab/stock_atlas.py --installed --search widths  # writes docs/data/atlas/widths.json
+  .venv/bin/python lab/stock_atlas.py 0.30.0 0.31.0 0.32.0 --search widths --no-sweep \
       --json docs/data/atlas/widths-0.30-0.32.json  # the replayed part on older releases
-  .venv/bin/python tools/stock_atlas.py --table-from docs/data/atlas/widths.json  # + the operator tables
+  .venv/bin/python lab/stock_atlas.py --table-from docs/data/atlas/widths.json  # + the operator tables
 """
 
 from __future__ import annotations
@@ -47,8 +47,8 @@ from atlas.releases import SUPPORTED
 from atlas.space import SEARCHES
 
 ROOT = Path(__file__).resolve().parents[1]
-CACHE = ROOT / ".cache" / "compat"  # shared with tools/compat_matrix.py
-PACKAGES = ROOT / "tools" / "compat-packages.txt"
+CACHE = ROOT / ".cache" / "compat"  # shared with lab/compat_matrix.py
+PACKAGES = ROOT / "lab" / "compat-packages.txt"
 SUMMARY = ROOT / "docs" / "data" / "atlas" / "summary.json"
 WIDTHS_SUMMARY = ROOT / "docs" / "data" / "atlas" / "widths.json"
 
@@ -99,7 +99,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     for row in driver.run_releases(releases, scope, args.jobs, run):
         rows.append(row)
         print(tables.row_line(row), flush=True)
-    command = "tools/stock_atlas.py " + " ".join(sys.argv[1:] if argv is None else argv)
+    command = "lab/stock_atlas.py " + " ".join(sys.argv[1:] if argv is None else argv)
     result = summary.build(command, installed, releases, scope, rows, time.monotonic() - started)
     path = args.json or (WIDTHS_SUMMARY if args.search == "widths" else SUMMARY)
     summary.write(result, path)

@@ -15,7 +15,7 @@ ORDERS = ("descending", "ascending", "max-first", "shuffle:1", "full-first", "si
 # A variant changes only the boot's environment (study.boot.variant_env), so that one configuration can be
 # booted under several debugging switches and compared with itself.
 # Variants join with "+" (``kda-log+vllm-kdafix``). The ``vllm-*`` ones put a patched copy of vLLM first on
-# PYTHONPATH (benchmarks/gpu/session.sh builds them under STUDY_PATCHED_VLLM, default /tmp/vllm-patched).
+# PYTHONPATH (lab/gpu/session.sh builds them under STUDY_PATCHED_VLLM, default /tmp/vllm-patched).
 VARIANTS: dict[str, str] = {
     "": "-",
     "launch-blocking": "CUDA_LAUNCH_BLOCKING=1",

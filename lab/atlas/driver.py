@@ -2,7 +2,7 @@
 Python files overlaid on the installed environment), a few at a time, the long full search first.
 
 The worker prints one line, :data:`PREFIX` then the row as JSON (:func:`worker_line`); how a worker is
-started and how an older release's environment is built are the caller's (``tools/stock_atlas.py`` and
+started and how an older release's environment is built are the caller's (``lab/stock_atlas.py`` and
 ``atlas.overlay.release_env``).
 """
 

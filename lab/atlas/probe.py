@@ -1,5 +1,5 @@
 """The release overlay's probe, run as ``python -m atlas.probe`` in a child whose PYTHONPATH puts one
-release's files first (and ``tools/`` last): the plugin's own structure check on that release, printed
+release's files first (and ``lab/`` last): the plugin's own structure check on that release, printed
 as one ``PROBE:`` JSON line (the release, the verdict and why)."""
 
 from __future__ import annotations
