@@ -11,12 +11,21 @@ import io
 import json
 import os
 import sys
+from collections.abc import Callable
 from typing import Any
 
 from children.harness import check, report
 from vllm_staging_plugin._offline.cli import main as cli_main
 
-HUB = {"HF_HUB_OFFLINE": ("HF_HUB_OFFLINE", lambda v: v == "1"), "HF_ENDPOINT": ("ENDPOINT", str)}
+
+def _offline(value: str) -> bool:
+    return value == "1"
+
+
+HUB: dict[str, tuple[str, Callable[[str], Any]]] = {
+    "HF_HUB_OFFLINE": ("HF_HUB_OFFLINE", _offline),
+    "HF_ENDPOINT": ("ENDPOINT", str),
+}
 
 
 def call(words: list[str], variables: dict[str, str]) -> dict[str, Any]:
