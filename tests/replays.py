@@ -32,13 +32,23 @@ def reorder_plan(manager: Any, reorder: Reorder) -> None:
 
 
 class PatternModel(Model):
-    """Outputs of small integers (exact in every float dtype) that differ per forward size, row, column
-    and output, so that staging contents can be compared byte for byte."""
+    """The stand-in's outputs filled with small integers (exact in every float dtype) that differ per
+    forward size, row, column and output, so that staging contents can be compared byte for byte."""
 
-    def output(self, rows: int, index: int) -> torch.Tensor:
-        width = self.cfg.hidden_size
-        values = torch.arange(rows * width).reshape(rows, width) + 7 * rows + 31 * index
-        return (values % 97).to(self.cfg.dtype)
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        made = super().forward(*args, **kwargs)
+        tensors = getattr(made, "tensors", None)  # IntermediateTensors (non-last pipeline rank)
+        if isinstance(tensors, dict):
+            outputs = list(tensors.values())
+        elif isinstance(made, tuple):  # hidden states and the aux hidden states
+            outputs = [made[0], *made[1]]
+        else:
+            outputs = [made]
+        for index, tensor in enumerate(outputs):
+            rows, width = tensor.shape
+            values = torch.arange(rows * width).reshape(rows, width) + 7 * rows + 31 * index
+            tensor.copy_((values % 97).to(tensor.dtype))
+        return made
 
 
 def replay_tensors(

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from atlas import replay, summary
+from atlas import probes, replay, summary
 from atlas.condition import FAMILY
 from atlas.space import GRIDS, SEARCHES, replay_config
 from release import SIZES_STAGING
@@ -205,13 +205,11 @@ def test_the_sweep_reads_the_real_managers_descriptors_and_counts_what_disagrees
     no mismatch; a condition that answers wrong is counted and shown, at most five examples."""
     from atlas import condition, ranges, search, space
 
-    from vllm_staging_plugin._offline import seams
-
     grid = "cc=[1,2,4,8,16]"
     tiny = space.Search((1,), (1, 2), ("only",), modes=("FULL_AND_PIECEWISE",), max_grids=(), grids=(grid,),
                         derived_ceilings=(), lora_and_dbo=False)  # fmt: skip
     monkeypatch.setattr(search, "SWEEP_MAX_NUM_SEQS", tuple(range(1, 13)))
-    feats = seams.manager_features()
+    feats = probes.manager_features()
     row = search.sweep(tiny, feats)
     sizes = GRIDS[grid]
     fixed = {n: [ms for ms in range(1, 13) if condition.fixed_width_rule(sizes, ms, n + 1)] for n in (1, 2)}

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from atlas import condition, ranges, space
+from atlas import condition, probes, ranges, space
 from atlas import tables as atlas_tables
 from release import SIZES_STAGING
 
@@ -104,7 +104,7 @@ def test_the_kimi_k3_row_replays_as_recorded() -> None:
         "PIECEWISE": [256, 128, 64, 32, 16, 8, 4, 2, 1],
         "FULL": [261, 135, 72, 36, 18, 9],
     }
-    cfg = cpu_replay.ReplayConfig(
+    cfg = probes.KnobbedReplay(
         mode="FULL_AND_PIECEWISE", sizes=space.GRIDS[space.SPOTLIGHT["grid"]], max_num_seqs=48,
         decode_query_len=9, hidden_size=space.HIDDEN, use_kda_recoverssm=True,
     )  # fmt: skip

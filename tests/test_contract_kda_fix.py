@@ -7,10 +7,12 @@ of 0.29.0-0.31.0 takes where it refuses n-gram."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 from collections.abc import Iterator
 from typing import Any
+from unittest import mock
 
 import pytest
 from configs import K3_4_LAYERS, K3_DRAFTERS, KIMI_LINEAR_4_LAYERS, KIMI_LINEAR_EAGLE, model_folder
@@ -24,6 +26,7 @@ from vllm_staging_plugin._engine import kda_fix
 from vllm_staging_plugin._offline import seams, vllm_patches
 from vllm_staging_plugin._offline.preflight.refusals import BadArguments
 from vllm_staging_plugin._offline.scoped import items
+from vllm_staging_plugin._offline.seams import kda as seams_kda
 
 pytestmark = [pytest.mark.contract, pytest.mark.usefixtures("model_inspection_cache", "offline")]
 kimi_gdn = pytest.importorskip(kda_fix.KDA_MODULE, reason="this vLLM has no shared Kimi KDA layer")
@@ -67,8 +70,10 @@ def replayssm(kimi_linear: str, drafter: list[str]) -> tuple[str, ...]:
 
 
 def columns(config: Any) -> tuple[int, int]:
-    """The state index vLLM's builder hands the kernel, from the layer's spec as this process holds it."""
-    step = seams.kda_mixed_step(config, as_installed=True)
+    """The state index vLLM's builder hands the kernel, from the layer's spec as this process holds it
+    (the seam suspends the registered fixes for the pre-flight's stock arm; here they stay)."""
+    with mock.patch.object(seams_kda, "suspended", contextlib.nullcontext):
+        step = seams.kda_mixed_step(config)
     assert step is not None
     return step.index_columns, step.query_length
 

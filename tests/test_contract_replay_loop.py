@@ -16,6 +16,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from atlas import probes
 
 from vllm_staging_plugin._offline import cpu_replay
 from vllm_staging_plugin._offline.cpu_replay import ReplayConfig
@@ -106,7 +107,7 @@ CONFIGS = {
     "default grid": ReplayConfig(hidden_size=64),
     "FULL only": ReplayConfig(mode="FULL", hidden_size=64),
     "speculative": ReplayConfig(sizes=(1, 2, 4, 8, 16), max_num_seqs=4, decode_query_len=3, hidden_size=64),
-    "recover-SSM": ReplayConfig(
+    "recover-SSM": probes.KnobbedReplay(
         sizes=(1, 2, 4, 8, 16), max_num_seqs=4, decode_query_len=3, hidden_size=64, use_kda_recoverssm=True
     ),
     "LoRA": ReplayConfig(sizes=(1, 2, 4, 8), hidden_size=64, lora_capture_cases=[0, 1]),

@@ -14,6 +14,7 @@ from types import ModuleType
 from typing import Any
 
 import pytest
+from atlas import probes
 from configs import K3_4_LAYERS
 from fakes import installed_fix, patched_copy
 from release import SIZES_STAGING
@@ -28,7 +29,7 @@ from vllm_staging_plugin._offline.exits import Exit
 pytestmark = [pytest.mark.contract, pytest.mark.usefixtures("model_inspection_cache")]
 ROOT = Path(__file__).resolve().parents[1]
 PATCH = ROOT / "vllm_staging_plugin" / "patches" / "presize-staging-buffers.patch"
-K3 = ReplayConfig(  # Kimi-K3's widths: 8 speculative tokens, 48 sequences, powers of two, recover-SSM
+K3 = probes.KnobbedReplay(  # Kimi-K3's widths: 8 speculative tokens, 48 sequences, powers of two, recover-SSM
     sizes=[1, 2, 4, 8, 16, 32, 64, 128, 256, 512], max_num_seqs=48, decode_query_len=9,
     hidden_size=64, use_kda_recoverssm=True,
 )  # fmt: skip

@@ -18,15 +18,16 @@ pytest.importorskip("hypothesis")
 pytest.importorskip("vllm.v1.worker.gpu.cudagraph_utils")
 
 import torch
+from atlas import probes
 from hypothesis import HealthCheck, assume, event, given, settings
 from hypothesis import strategies as st
 from replays import replay_tensors
 
-from vllm_staging_plugin._offline import cpu_replay, seams
+from vllm_staging_plugin._offline import cpu_replay
 from vllm_staging_plugin._offline.cpu_replay import ReplayConfig, ReplayResult
 
 pytestmark = pytest.mark.contract
-FEATURES = seams.manager_features()
+FEATURES = probes.manager_features()
 MODES = ("FULL", "FULL_DECODE_ONLY", "PIECEWISE", "FULL_AND_PIECEWISE")
 SHAPE_MISMATCH = "must match the existing size"
 BOUNDED = settings(
@@ -50,13 +51,13 @@ def configurations(draw: st.DrawFn, recoverssm: bool = False) -> ReplayConfig:
         schedule = ((1, half, n), (half + 1, max_num_seqs, draw(st.integers(0, n - 1))))
     if draw(st.booleans()):  # vLLM derives the grid itself, optionally under an operator-set maximum
         limit = draw(st.none() | st.integers(1, 160))
-        sizes = tuple(cpu_replay.derived_capture_sizes(max_num_seqs, n, schedule, limit))
+        sizes = tuple(probes.derived_capture_sizes(max_num_seqs, n, schedule, limit))
     else:  # operator-set cudagraph_capture_sizes
         sizes = tuple(draw(st.lists(st.integers(1, 160), min_size=1, max_size=10, unique=True)))
     positions = ["only", "last-of-2"] + (["first-of-2"] if FEATURES["intermediate_tensors"] else [])
     pp = "only" if recoverssm else draw(st.sampled_from(positions))
     last = pp != "first-of-2"
-    return ReplayConfig(
+    return probes.KnobbedReplay(
         mode="FULL_AND_PIECEWISE" if recoverssm else draw(st.sampled_from(MODES)),
         sizes=sizes,
         max_num_seqs=max_num_seqs,
@@ -163,7 +164,7 @@ def test_the_generator_reaches_stock_crashes_in_vllms_own_order() -> None:
     """The own-order property is not vacuous: a generated-style configuration crashes stock (0.30+)."""
     if not FEATURES["kda_recoverssm"]:
         pytest.skip("this vLLM release has no KDA recover-SSM cap")
-    cfg = ReplayConfig(
+    cfg = probes.KnobbedReplay(
         mode="FULL_AND_PIECEWISE", sizes=(1, 2, 4, 8, 16), max_num_seqs=4, decode_query_len=3,
         hidden_size=8, use_kda_recoverssm=True,
     )  # fmt: skip

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from atlas import probes
 from atlas.releases import SUPPORTED, span
 from configs import K3_4_LAYERS, KIMI_LINEAR_4_LAYERS, QWEN3_0_6B, model_folder
 from release import SIZES_STAGING
@@ -133,11 +134,10 @@ pinned_release = pytest.mark.skipif(RELEASE not in SUPPORTED, reason=f"no answer
 def test_the_derived_grid_is_vllms_own_and_carries_its_decode_sizes() -> None:
     """vLLM's ``_set_cudagraph_sizes`` on a config with no explicit sizes: the default steps, and on
     releases that do so, with speculative decoding the uniform-decode sizes (multiples of 1 + tokens)."""
-    from vllm_staging_plugin._offline import cpu_replay
 
-    plain = cpu_replay.derived_capture_sizes(max_num_seqs=256)
+    plain = probes.derived_capture_sizes(max_num_seqs=256)
     assert plain[:4] == [1, 2, 4, 8] and plain[-1] == 512 and plain == sorted(plain)
-    speculative = cpu_replay.derived_capture_sizes(max_num_seqs=6, num_speculative_tokens=4)
+    speculative = probes.derived_capture_sizes(max_num_seqs=6, num_speculative_tokens=4)
     if has_since(SPLIT_SIZES_SINCE):  # decode graphs by request count: 1, 2, 4, 5, 6 requests x 5 tokens
         assert speculative == [1, 2, 4, 5, 8, 10, 16, 20, 24, 25, 30, 32, 40, 48, 56]
     elif has_since(UNIFORM_DECODE_SIZES_SINCE):  # 5, 10, 20, 30: 1, 2, 4, 6 x 5
@@ -150,16 +150,14 @@ def test_the_derived_grid_is_vllms_own_and_carries_its_decode_sizes() -> None:
 def test_the_capability_family_answer_raises_the_derived_ceiling_for_the_block_only() -> None:
     from vllm.platforms import current_platform
 
-    from vllm_staging_plugin._offline import cpu_replay
-
     before = dict(vars(type(current_platform)))
-    with seams.capability_family(100):
+    with probes.capability_family(100):
         assert current_platform.is_device_capability_family(100)
         # 0.34.0: data-centre Blackwell's wider default grids (prefill tokens up to 8192)
         ceiling = 8192 if has_since(SPLIT_SIZES_SINCE) else 1024 if has_since(BLACKWELL_1024_SINCE) else 512
-        assert max(cpu_replay.derived_capture_sizes(max_num_seqs=512)) == ceiling
+        assert max(probes.derived_capture_sizes(max_num_seqs=512)) == ceiling
     assert dict(vars(type(current_platform))) == before
-    assert max(cpu_replay.derived_capture_sizes(max_num_seqs=512)) == 512
+    assert max(probes.derived_capture_sizes(max_num_seqs=512)) == 512
 
 
 def test_the_graph_pool_stub_answers_vllms_getter_and_is_gone_after() -> None:
@@ -176,7 +174,7 @@ def test_the_graph_pool_stub_answers_vllms_getter_and_is_gone_after() -> None:
 def test_the_manager_features_of_this_release() -> None:
     """The knobs the atlas searches, as each release's manager has them (0.33.0: every one)."""
 
-    features = seams.manager_features()
+    features = probes.manager_features()
     assert features == {knob: has_since(first) for knob, first in KNOB_SINCE.items()}
 
 
@@ -188,7 +186,7 @@ def test_the_manager_is_built_with_the_knobs_its_release_has_and_captures_on_cpu
     from vllm_staging_plugin._offline import cpu_replay
     from vllm_staging_plugin._offline.cpu_replay.stand_ins import Model
 
-    features = seams.manager_features()
+    features = probes.manager_features()
     cfg = cpu_replay.ReplayConfig(mode="PIECEWISE", sizes=(1, 2, 4), max_num_seqs=4, hidden_size=8)
     with cpu_replay.cpu_stubs(cfg), cpu_replay.stock_or_patched(False):
         vllm_config = cpu_replay.make_vllm_config(cfg)

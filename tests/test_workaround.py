@@ -8,6 +8,7 @@ tests run the published Kimi-K3 structure at tensor-parallel size 8 and pass the
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Sequence
 from pathlib import Path
@@ -19,16 +20,17 @@ from release import SIZES_STAGING
 
 pytest.importorskip("vllm.v1.worker.gpu.cudagraph_utils")
 
+from atlas import probes
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from vllm_staging_plugin._offline import cpu_replay, seams
+from vllm_staging_plugin._offline import cpu_replay
 from vllm_staging_plugin._offline.cli import main
 from vllm_staging_plugin._offline.cpu_replay import ReplayConfig
 from vllm_staging_plugin._offline.preflight import workaround
 
 pytestmark = [pytest.mark.contract, pytest.mark.usefixtures("model_inspection_cache")]
-FEATURES = seams.manager_features()
+FEATURES = probes.manager_features()
 POWERS_TO_512 = [1, 2, 4, 8, 16, 32, 64, 128, 256, 512]
 K3_WIDTHS = [  # 8 speculative tokens (decode_query_len 9), 48 sequences, a power-of-two grid: (256) vs (261)
     "--speculative-config", '{"method": "ngram", "num_speculative_tokens": 8, "prompt_lookup_max": 2}',
@@ -105,8 +107,8 @@ def crashing(draw: st.DrawFn) -> ReplayConfig:
         sizes = draw(st.lists(st.integers(1, 600), min_size=1, max_size=12, unique=True))
     else:
         limit = draw(st.sampled_from([256, 512, 1024])) if family == "top" else None
-        sizes = cpu_replay.derived_capture_sizes(seqs, n, schedule, limit)
-    cfg = ReplayConfig(
+        sizes = probes.derived_capture_sizes(seqs, n, schedule, limit)
+    cfg = probes.KnobbedReplay(
         sizes=tuple(sizes), max_num_seqs=seqs, decode_query_len=n + 1, hidden_size=8,
         use_kda_recoverssm=True, speculative_schedule=schedule,
     )  # fmt: skip
@@ -128,7 +130,7 @@ def test_for_every_stock_crash_the_grid_found_boots_stock(cfg: ReplayConfig) -> 
 
     def stock_check(words: Sequence[str]) -> tuple[bool, dict[str, list[int]], list[int]]:
         grid = _grid_of(words)
-        again = cpu_replay.replay(ReplayConfig(**{**vars(cfg), "sizes": tuple(grid)}), patched=False)
+        again = cpu_replay.replay(dataclasses.replace(cfg, sizes=tuple(grid)), patched=False)
         return again.ok, again.sequence, sorted(grid)
 
     tiers = [1 + tokens for *_, tokens in cfg.speculative_schedule or ()]
@@ -141,9 +143,7 @@ def test_for_every_stock_crash_the_grid_found_boots_stock(cfg: ReplayConfig) -> 
     assert fix.extra_graphs >= 1
     added = set(fix.cudagraph_capture_sizes) - set(cfg.sizes)
     assert max(added) >= stock.capacity  # a PIECEWISE size at least as wide as the widest FULL descriptor
-    rerun = cpu_replay.replay(
-        ReplayConfig(**{**vars(cfg), "sizes": tuple(fix.cudagraph_capture_sizes)}), False
-    )
+    rerun = cpu_replay.replay(dataclasses.replace(cfg, sizes=tuple(fix.cudagraph_capture_sizes)), False)
     assert rerun.ok and rerun.capacity >= stock.capacity
 
 

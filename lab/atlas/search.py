@@ -13,6 +13,7 @@ import time
 from collections import Counter
 from typing import Any
 
+from . import probes
 from .condition import descriptor_crash, family_setting, fixed_width_rule, predicted_crash, round_up
 from .ranges import as_ranges
 from .replay import Descriptors, Outcome, descriptors, family, outcome
@@ -110,10 +111,9 @@ def sweep(search: Search, feats: dict[str, bool]) -> dict[str, Any]:
 def run_search(scope: str, memo: bool, with_sweep: bool = True) -> dict[str, Any]:
     """Search ``scope`` (a key of :data:`~.space.SEARCHES`) on the installed vLLM; one summary row."""
     from vllm_staging_plugin._engine import compat
-    from vllm_staging_plugin._offline import seams
 
     started = time.monotonic()
-    feats = seams.manager_features()
+    feats = probes.manager_features()
     search = SEARCHES[scope]
     skipped = [f"{name}: not in this release" for name, present in feats.items() if not present]
     positions = [p for p in search.pp if feats["intermediate_tensors"] or PP[p][1]]

@@ -12,6 +12,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from . import probes
+
 if TYPE_CHECKING:
     from vllm_staging_plugin._offline.cpu_replay import ReplayConfig
 
@@ -96,9 +98,8 @@ def platform_ceiling(ceiling: int) -> Iterator[None]:
     if ceiling == 512:
         yield
         return
-    from vllm_staging_plugin._offline import seams
 
-    with seams.capability_family(100):
+    with probes.capability_family(100):
         yield
 
 
@@ -108,7 +109,6 @@ def settings(search: Search, feats: dict[str, bool], skipped: list[str]) -> Iter
     A vLLM-derived grid the release cannot derive is left out, and the first such failure is noted in
     ``skipped``.
     """
-    from vllm_staging_plugin._offline import cpu_replay
 
     derived_ok = True
     for ms, n in itertools.product(search.max_num_seqs, search.speculative_tokens):
@@ -121,7 +121,7 @@ def settings(search: Search, feats: dict[str, bool], skipped: list[str]) -> Iter
             for name, limit, ceiling in [*derived, *((f"max={m}", m, 512) for m in search.max_grids)]:
                 try:
                     with platform_ceiling(ceiling):
-                        grids[name] = tuple(cpu_replay.derived_capture_sizes(ms, n, schedule, limit))
+                        grids[name] = tuple(probes.derived_capture_sizes(ms, n, schedule, limit))
                 except Exception as exc:
                     if derived_ok:
                         skipped.append(f"vLLM-derived grids: {type(exc).__name__}: {exc}"[:200])
@@ -143,10 +143,9 @@ def settings(search: Search, feats: dict[str, bool], skipped: list[str]) -> Iter
 
 def replay_config(setting: Setting, pp: str) -> ReplayConfig:
     """The CPU replay's configuration for ``setting`` at pipeline position ``pp`` (a key of :data:`PP`)."""
-    from vllm_staging_plugin._offline.cpu_replay import ReplayConfig
 
     first, last = PP[pp]
-    return ReplayConfig(
+    return probes.KnobbedReplay(
         mode=setting["mode"], sizes=setting["sizes"], max_num_seqs=setting["max_num_seqs"],
         decode_query_len=setting["decode_query_len"], hidden_size=HIDDEN, lora_capture_cases=setting["lora"],
         use_kda_recoverssm=setting["kda"], varlen_decode=setting["varlen"], dbo=setting["dbo"],

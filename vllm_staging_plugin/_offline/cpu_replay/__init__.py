@@ -8,7 +8,6 @@ from .config import (
     DEFAULT_SIZES,
     ReplayConfig,
     default_sizes,
-    derived_capture_sizes,
     make_vllm_config,
 )
 from .run import (
@@ -32,7 +31,6 @@ __all__ = [
     "build_manager",
     "cpu_stubs",
     "default_sizes",
-    "derived_capture_sizes",
     "make_vllm_config",
     "replay",
     "run_capture",

@@ -3,7 +3,6 @@ for it, including the capture grid vLLM derives itself."""
 
 from __future__ import annotations
 
-import types
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -43,14 +42,12 @@ class ReplayConfig:
     data_parallel_size: int = 1
     intermediate_keys: tuple[str, ...] = ("hidden_states", "residual")
     lora_capture_cases: list[int] | None = None
-    # Descriptor knobs of later releases (atlas, property tests); off by default.
-    use_kda_recoverssm: bool = False  # cache_config.use_kda_recoverssm: PIECEWISE capped at decode
     varlen_decode: bool = False  # adaptive verification's varlen FULL decode graphs
     dbo: bool = False  # dual-batch overlap: a ubatch runner, so FULL descriptors get microbatch twins
-    dbo_decode_token_threshold: int = 32  # parallel_config.dbo_decode_token_threshold (vLLM's default)
-    speculative_schedule: tuple[tuple[int, int, int], ...] | None = None
-    """Dynamic speculative decoding's (first batch size, last, draft tokens) tiers: the dense decode
-    schedule; ``decode_query_len - 1`` is the configured number of speculative tokens."""
+
+    def adjust(self, vllm_config: Any) -> None:
+        """Set more of the real config before vLLM splits its grid: nothing here (the pre-flight hands
+        the replay vLLM's own config); the atlas's configurations set their knobs."""
 
 
 def make_vllm_config(cfg: ReplayConfig) -> Any:
@@ -69,15 +66,9 @@ def make_vllm_config(cfg: ReplayConfig) -> Any:
     compilation.cudagraph_capture_sizes = sorted(cfg.sizes)
     compilation.max_cudagraph_capture_size = max(cfg.sizes) if cfg.sizes else 0
     compilation.post_init_cudagraph_sizes()
-    if cfg.use_kda_recoverssm:
-        vllm_config.cache_config.use_kda_recoverssm = True
-    if cfg.speculative_schedule is not None:
-        vllm_config.speculative_config = speculative_config(
-            cfg.decode_query_len - 1, cfg.speculative_schedule
-        )
     if cfg.dbo:
         parallel.enable_dbo = True
-        parallel.dbo_decode_token_threshold = cfg.dbo_decode_token_threshold
+    cfg.adjust(vllm_config)
     if hasattr(vllm_config, "get_decode_cudagraph_query_lens"):  # decode graphs by request count
         if cfg.decode_query_len > 1 and vllm_config.speculative_config is None:  # its decode query length
             vllm_config.speculative_config = speculative_config(cfg.decode_query_len - 1)
@@ -95,34 +86,3 @@ def speculative_config(
     return SpeculativeConfig(
         method="ngram", num_speculative_tokens=num_speculative_tokens, prompt_lookup_max=2, **extra
     )
-
-
-def derived_capture_sizes(
-    max_num_seqs: int,
-    num_speculative_tokens: int = 0,
-    schedule: Sequence[tuple[int, int, int]] | None = None,
-    max_cudagraph_capture_size: int | None = None,
-    max_num_batched_tokens: int = 8192,
-) -> list[int]:
-    """The capture grid vLLM derives itself (``VllmConfig._set_cudagraph_sizes``, no explicit sizes).
-
-    Runs vLLM's own code on a real ``VllmConfig``; only the model config is a stand-in (the grid reads
-    nothing from it but ``enforce_eager``). The platform is CPU, so the default ceiling is 512 (as on
-    Hopper; data-centre Blackwell uses 1024).
-    """
-    from vllm.config.compilation import CUDAGraphMode
-
-    vllm_config = make_vllm_config(ReplayConfig(sizes=(1,)))
-    if num_speculative_tokens:
-        vllm_config.speculative_config = speculative_config(num_speculative_tokens, schedule)
-    vllm_config.scheduler_config.max_num_seqs = max_num_seqs
-    vllm_config.scheduler_config.max_num_batched_tokens = max_num_batched_tokens
-    compilation = vllm_config.compilation_config
-    compilation.cudagraph_mode = CUDAGraphMode.FULL_AND_PIECEWISE
-    compilation.cudagraph_capture_sizes = None
-    compilation.max_cudagraph_capture_size = max_cudagraph_capture_size
-    for split in SPLIT_SIZE_FIELDS:  # derived too, not the split make_vllm_config made
-        if hasattr(compilation, split):
-            setattr(compilation, split, None)
-    vllm_config.model_config = types.SimpleNamespace(enforce_eager=False)
-    return seams.derive_capture_sizes(vllm_config)

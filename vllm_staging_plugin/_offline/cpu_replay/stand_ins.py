@@ -25,15 +25,15 @@ class Model(torch.nn.Module):  # type: ignore[misc]
         assert positions is not None
         n, cfg = positions.shape[0], self.cfg
         self.forwards.append(n)
-        if not cfg.last_pp_rank:
-            return IntermediateTensors({k: self.output(n, i) for i, k in enumerate(cfg.intermediate_keys)})
-        if cfg.aux_layers:
-            return self.output(n, 0), [self.output(n, i + 1) for i in range(cfg.aux_layers)]
-        return self.output(n, 0)
 
-    def output(self, rows: int, index: int) -> torch.Tensor:
-        """Output ``index`` of a forward of ``rows`` tokens (0: hidden states, then aux or intermediates)."""
-        return torch.zeros(rows, self.cfg.hidden_size, dtype=self.cfg.dtype)
+        def output() -> torch.Tensor:
+            return torch.zeros(n, cfg.hidden_size, dtype=cfg.dtype)
+
+        if not cfg.last_pp_rank:
+            return IntermediateTensors({k: output() for k in cfg.intermediate_keys})
+        if cfg.aux_layers:
+            return output(), [output() for _ in range(cfg.aux_layers)]
+        return output()
 
 
 class UbatchRunner:

@@ -7,9 +7,7 @@ docs/compatibility.md ("The offline seams") lists the releases each was read on.
 
 from ..internal import SeamChanged
 from .config import (
-    capability_family,
     config_failure,
-    derive_capture_sizes,
     inspect_architecture,
     loads_drafter,
     model_class,
@@ -26,7 +24,6 @@ from .manager import (
     cpu_capture_edges,
     cudagraph_module,
     graph_pool_stub,
-    manager_features,
     manager_inputs,
     new_manager,
     replayed_plan,
@@ -44,7 +41,6 @@ __all__ = [
     "KdaMixedStep",
     "ManagerInputs",
     "SeamChanged",
-    "capability_family",
     "capture_arguments",
     "capture_on_cpu",
     "capture_plan",
@@ -52,7 +48,6 @@ __all__ = [
     "cpu_capture_edges",
     "cuda_platform_class",
     "cudagraph_module",
-    "derive_capture_sizes",
     "fault_at_boot",
     "graph_pool_stub",
     "import_under_machine_platform",
@@ -61,7 +56,6 @@ __all__ = [
     "kda_mixed_step",
     "kernel_library_answers",
     "loads_drafter",
-    "manager_features",
     "manager_inputs",
     "model_class",
     "model_import_error",

@@ -3,18 +3,7 @@ failures mean and which drafter names it loads as a model."""
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Iterator
 from typing import Any
-
-from ..scoped import attributes
-
-
-def derive_capture_sizes(vllm_config: Any) -> list[int]:
-    """The capture grid vLLM derives for ``vllm_config`` (no explicit sizes), set on it and returned.
-    Private: ``VllmConfig._set_cudagraph_sizes``; gone, AttributeError names it."""
-    vllm_config._set_cudagraph_sizes()
-    return list(vllm_config.compilation_config.cudagraph_capture_sizes)
 
 
 def split_capture_sizes(vllm_config: Any, decode_query_len: int) -> None:
@@ -25,18 +14,6 @@ def split_capture_sizes(vllm_config: Any, decode_query_len: int) -> None:
     split = getattr(vllm_config, "_split_cudagraph_capture_sizes", None)
     if split is not None:
         split(False, vllm_config.get_decode_cudagraph_query_lens(decode_query_len))
-
-
-@contextlib.contextmanager
-def capability_family(family: int) -> Iterator[None]:
-    """For the block, the platform answers ``is_device_capability_family(family)`` with yes (100:
-    data-centre Blackwell, whose derived-grid ceiling is 1024, not 512). Private: that classmethod; renamed,
-    the ceiling stays 512, which tests/test_seams.py's per-release pin catches."""
-    from vllm.platforms import current_platform
-
-    answer = classmethod(lambda _, capability, device_id=0: capability // 10 == family // 10)
-    with attributes(type(current_platform), {"is_device_capability_family": answer}):
-        yield
 
 
 def inspect_architecture(architecture: str) -> None:

@@ -113,17 +113,15 @@ def fault_at_boot() -> bool:
     return hasattr(warmup, "run_kv_cache_sizing_warmup")
 
 
-def kda_mixed_step(
-    vllm_config: Any, adjust: Callable[[Any], Any] | None = None, as_installed: bool = False
-) -> KdaMixedStep | None:
+def kda_mixed_step(vllm_config: Any, adjust: Callable[[Any], Any] | None = None) -> KdaMixedStep | None:
     """Build vLLM's real KDA metadata on CPU for a step that mixes a speculative decode with a prefill, and
     report the state index the speculative kernel gets. None where it does not apply (no speculation, no
     Kimi KDA layer, or Kimi-K3's own layer and metadata).
 
-    The spec is vLLM's own (registered fixes suspended), unless ``as_installed``: the method as this
-    process holds it. ``adjust`` (the pre-flight's plugin arm) turns that spec into the one the builder
-    gets. Privates: ``get_kv_cache_spec``, ``GDNAttentionMetadataBuilder``, its ``build`` arguments and
-    ``CommonAttentionMetadata``'s fields; a changed shape raises, and the caller reports it.
+    The spec is vLLM's own (registered fixes suspended); ``adjust`` (the pre-flight's plugin arm) turns
+    it into the one the builder gets. Privates: ``get_kv_cache_spec``, ``GDNAttentionMetadataBuilder``,
+    its ``build`` arguments and ``CommonAttentionMetadata``'s fields; a changed shape raises, and the
+    caller reports it.
     """
     num_spec = int(getattr(vllm_config.speculative_config, "num_speculative_tokens", None) or 0)
     if not num_spec:
@@ -146,7 +144,7 @@ def kda_mixed_step(
     builder_cls = layer.get_attn_backend().get_builder_cls()
     if builder_cls is not GDNAttentionMetadataBuilder:
         return None
-    with set_current_vllm_config(vllm_config), contextlib.nullcontext() if as_installed else suspended():
+    with set_current_vllm_config(vllm_config), suspended():
         spec = type(layer).get_kv_cache_spec(layer, vllm_config)
     if adjust is not None:
         spec = adjust(spec)

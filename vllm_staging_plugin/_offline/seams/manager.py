@@ -116,24 +116,6 @@ capture_plan = compat.capture_descs
 replayed manager passes."""
 
 
-def manager_features() -> dict[str, bool]:
-    """Which descriptor knobs the release's graph manager has, read from its structure. Privates: the
-    constructor's parameters and the source of ``_init_candidates`` and ``__init__``; a renamed knob reads
-    as absent."""
-    cu = cudagraph_module()
-    params = inspect.signature(cu.ModelCudaGraphManager.__init__).parameters
-    candidates = inspect.getsource(cu.CudaGraphManager._init_candidates)
-    init = inspect.getsource(cu.ModelCudaGraphManager.__init__)
-    return {
-        "lora_capture_cases": "lora_capture_cases" in params,
-        "varlen_decode": "varlen_decode" in params,
-        "dbo": "ubatch_runner" in params and "_maybe_ubatch_twin" in candidates,
-        "kda_recoverssm": "use_kda_recoverssm" in candidates,
-        "dense_schedule": "uses_dynamic_speculative_decoding" in candidates or "decode_query_lens" in params,
-        "intermediate_tensors": "intermediate_tensors" in init,
-    }
-
-
 REPLAYED_PLAN = "_cpu_replay_plan"
 """The manager attribute where the CPU capture loop leaves the plan it walked (the order it captured)."""
 
