@@ -14,7 +14,7 @@ from atlas.condition import FAMILY
 from atlas.space import GRIDS, SEARCHES, replay_config
 from release import SIZES_STAGING
 
-pytestmark = pytest.mark.lab  # the lab's own code: `pytest -m lab` (CI) runs it
+pytestmark = pytest.mark.extended  # the lab's own code: `pytest -m extended` (CI) runs it
 
 CLEAN: dict[str, Any] = {"plugin_failures": 0, "predicate_mismatches": 0}
 

@@ -14,7 +14,7 @@ from atlas import condition, probes, ranges, space
 from atlas import tables as atlas_tables
 from release import SIZES_STAGING
 
-pytestmark = pytest.mark.lab  # the lab's own code: `pytest -m lab` (CI) runs it
+pytestmark = pytest.mark.extended  # the lab's own code: `pytest -m extended` (CI) runs it
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -103,3 +104,35 @@ def test_main_job_refuses_a_bad_order_or_mode_in_one_line(capsys: Any) -> None:
     assert main(["--mode", "SIDEWAYS"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "argument --mode: invalid choice: 'SIDEWAYS'" in err[0]
+
+
+def test_a_receipts_directory_that_cannot_be_written_is_said_by_the_main_job(
+    capsys: Any, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    (tmp_path / "a-file").write_text("")
+    monkeypatch.setenv("STAGING_PLUGIN_RECEIPTS_DIR", str(tmp_path / "a-file" / "receipts"))
+    assert main(["--max-size", "16", "--hidden-size", "64"]) == 0  # vLLM still boots: receipts are extra
+    lines = capsys.readouterr().out.splitlines()
+    at = next(i for i, x in enumerate(lines) if x.startswith("configuration:"))
+    assert lines[at].endswith("(valid values; WARNING below)")
+    file = tmp_path / "a-file"
+    assert lines[at + 1] == (
+        f"WARNING STAGING_PLUGIN_RECEIPTS_DIR={file / 'receipts'}: {file} is not a directory; vLLM boots and "
+        "serves, but no receipt is written there"
+    )
+
+
+def test_check_says_it_before_the_pre_flight_runs(
+    capsys: Any, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    (tmp_path / "a-file").write_text("")
+    monkeypatch.setenv("STAGING_PLUGIN_RECEIPTS_DIR", str(tmp_path / "a-file"))
+    monkeypatch.chdir(tmp_path)
+    assert main(["check", "--", "./missing-model"]) == 2
+    warning, refusal = capsys.readouterr().err.splitlines()
+    file = tmp_path / "a-file"
+    assert warning == (
+        f"vllm-staging-plugin check: WARNING STAGING_PLUGIN_RECEIPTS_DIR={file}: {file} is not a directory; "
+        "vLLM boots and serves, but no receipt is written there"
+    )
+    assert refusal.startswith("vllm-staging-plugin check: bad arguments: model './missing-model': no such")

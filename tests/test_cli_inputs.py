@@ -110,6 +110,10 @@ BAD_INPUTS = [  # (words, environment, exit code, the one line says)
      "speculative model './no-drafter': no such folder (a local model is a folder holding its config.json)"),
     (["--", "./zz"], {}, 2,  # no model type's name inside "zz": transformers cannot guess one
      "ModelConfig: Unrecognized model in ./zz. Should have a `model_type` key in its config.json"),
+    (["--", "./nosuch", *NO_WEIGHTS], {}, 2,  # one line, not Transformers' advice to upgrade it
+     "ModelConfig: model type 'nosuchtype' (architectures ['NoSuchModelForCausalLM']) is not one "
+     f"Transformers knows: vLLM {version('vllm')} does not know this architecture (check `architectures` "
+     "in config.json and the vLLM version)"),
     (["--", "./qwen3", "--max-num-seqs", "-5"], {}, 2,  # pydantic's two errors, the operator's option first
      "SchedulerConfig: max_num_seqs (--max-num-seqs) Input should be greater than or equal to 1; "
      "max_num_batched_tokens Input should be greater than or equal to 1"),
@@ -134,7 +138,8 @@ def _model_folders(root: Path) -> Path:
     """The bad inputs' folders: ./qwen3, a file, a list, garbled JSON, a config.json without model_type."""
     (root / "config.json").write_text("{}")
     model_folder(root / "qwen3", QWEN3_0_6B)
-    for name, text in (("listed", "[1, 2]"), ("zz", "{}"), ("garbled", "not json")):
+    unknown = json.dumps({**TINY_UNKNOWN, "model_type": "nosuchtype"})  # neither vLLM nor Transformers
+    for name, text in (("listed", "[1, 2]"), ("zz", "{}"), ("garbled", "not json"), ("nosuch", unknown)):
         (root / name).mkdir()
         (root / name / "config.json").write_text(text)
     return root

@@ -112,7 +112,7 @@ def _tool() -> Any:
 
 
 @pytest.mark.skipif(SIZES_STAGING, reason="the page gives vLLM 0.33.0's answers")
-@pytest.mark.lab  # the lab's generator and GPU stages
+@pytest.mark.extended  # the lab's generator and GPU stages
 def test_the_k3_settings_page_is_what_check_answers_now() -> None:
     """The page's rows at tensor parallel 8 with --use-replayssm (the ones that crash stock among them)
     are regenerated here and must be on the page as they are."""
@@ -127,7 +127,7 @@ def test_the_k3_settings_page_is_what_check_answers_now() -> None:
     )
 
 
-@pytest.mark.lab  # the lab's generator and GPU stages
+@pytest.mark.extended  # the lab's generator and GPU stages
 def test_the_k3_gpu_stages_dry_run_on_any_machine(tmp_path: Path) -> None:
     """``DRY_RUN=1 session.sh k3-deploy`` lists the planned boots (nothing installed, no GPU); ``k3-serve``
     plans its `vllm serve` boots first; the decode stage's engines are the deployment's three arms."""
@@ -161,7 +161,7 @@ def test_the_k3_gpu_stages_dry_run_on_any_machine(tmp_path: Path) -> None:
                        "kimi-k3-mxfp4-dspark8-vanilla-vllm-presize"]  # fmt: skip
 
 
-@pytest.mark.lab  # the lab's generator and GPU stages
+@pytest.mark.extended  # the lab's generator and GPU stages
 def test_the_k3_tensor_parallel_stage_dry_runs_at_the_machines_gpu_count(tmp_path: Path) -> None:
     """``DRY_RUN=1 session.sh k3-tp`` (no GPU here: the dry run's two) plans every boot at tensor parallel
     = the GPU count, the `vllm serve` boots with ``--tensor-parallel-size`` among them."""

@@ -23,7 +23,7 @@ from study.scheduler import Running, stop_running, typical_wall  # noqa: E402
 
 from vllm_staging_plugin._engine.policies import BuiltinPolicies  # noqa: E402
 
-pytestmark = pytest.mark.lab  # the lab's own code: `pytest -m lab` (CI) runs it
+pytestmark = pytest.mark.extended  # the lab's own code: `pytest -m extended` (CI) runs it
 
 
 def test_the_study_knows_every_builtin_order() -> None:

@@ -5,6 +5,8 @@ itself that ship with the package (``patch``)."""
 from __future__ import annotations
 
 import argparse
+import contextlib
+import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -39,7 +41,8 @@ def render_main_job(job: MainJob) -> str:
     lines += [
         f"configuration: order={settings.order} presize={settings.presize} kda_fix={settings.kda_fix} "
         f"strict={settings.strict} disabled={settings.disabled} receipts={settings.receipts_dir or '-'} "
-        "(valid)",
+        + ("(valid values; WARNING below)" if job.receipts_warning else "(valid)"),
+        *([f"WARNING {job.receipts_warning}"] if job.receipts_warning else []),
         f"order policies: {job.policies}",
     ]
     if job.refusal is not None:
@@ -171,11 +174,12 @@ exit codes:
      Stock vLLM may still crash: the line "stock vLLM (its own order)" says, and so does
      "stock": {"ok": ...} with --json, next to "stock_workaround", a grid stock vLLM boots
   1  it does not boot even with the plugin, or the plugin would not patch this vLLM
-  2  bad arguments: vLLM rejects the `vllm serve` arguments, a missing model folder, a bad
-     --order or STAGING_PLUGIN_ORDER (the message names which)
-  3  cannot check on this machine: vLLM or torch is not installed here, or vLLM cannot inspect the
-     model or the configuration here (the message says what to do: the package to install, with
-     its pip command, or to check on the GPU host)
+  2  bad arguments: vLLM rejects the `vllm serve` arguments, a missing model folder, a model
+     whose architecture this vLLM does not know, a bad --order or STAGING_PLUGIN_ORDER (the message
+     names which)
+  3  cannot check on this machine: vLLM or torch is not installed here, or vLLM cannot inspect a
+     model class it knows, or the configuration, here (the message says what to do: the package to
+     install, with its pip command, or to check on the GPU host)
   4  it boots with the plugin but will not serve correctly: vLLM's shared KDA layer (Kimi-Linear)
      under --use-replayssm reads past its state index on each step that mixes a speculative decode
      with a prefill (the WARNING block, or "serve": {"ok": false} with --json, says what to change)
@@ -361,15 +365,34 @@ def main(argv: Sequence[str] | None = None) -> int:
         words.insert(0, "check")  # the default command takes its options without naming it
     parser = build_parser()
     try:
-        with attributes(_Parser, {"json_errors": "--json" in words}):
-            return _run(parser, words, serve_args)
-    except SystemExit as exc:  # argparse's refusals and --help, as exit codes
-        return exc.code if isinstance(exc.code, int) else 2
+        try:
+            with attributes(_Parser, {"json_errors": "--json" in words}):
+                code = _run(parser, words, serve_args)
+        except SystemExit as exc:  # argparse's refusals and --help, as exit codes
+            code = exc.code if isinstance(exc.code, int) else 2
+        sys.stdout.flush()  # a reader that went away is met here, not at the interpreter's exit
+        return code
+    except BrokenPipeError:
+        return _reader_gone()
     except Exception as exc:  # the main job's or report's own failure: named, one line
         from . import internal
 
         verbose = bool({"-v", "--verbose"} & set(words))
         return internal.fail(exc, "vllm-staging-plugin", verbose, as_json="--json" in words)
+
+
+READER_GONE = 128 + 13  # what a shell reports for a process that SIGPIPE ended, as `git log | head` does
+
+
+def _reader_gone() -> int:
+    """The reader of stdout (or stderr) closed its end, as `| head -1` does: stop quietly. What is still
+    buffered goes nowhere, so Python's own flush at exit finds no closed pipe either."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(OSError, ValueError):  # no descriptor (captured in-process): nothing to do
+            os.dup2(devnull, stream.fileno())
+    os.close(devnull)
+    return READER_GONE
 
 
 def _missing_vllm(releases: str) -> str | None:

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 
 from .._engine.settings import DEFAULT_ORDER, ConfigError, Settings, read_settings
 from .exits import Exit
+from .writable import receipts_warning
 
 if TYPE_CHECKING:  # torch and vLLM: imported once the configuration is valid
     from . import cpu_replay
@@ -43,6 +44,7 @@ class MainJob:
     settings: Settings | None = None
     config_error: str | None = None
     policies: str = ""
+    receipts_warning: str | None = None  # STAGING_PLUGIN_RECEIPTS_DIR cannot be written
     refusal: str | None = None  # why the plugin would not patch this vLLM
     manager: str = ""  # module.class the plugin patches
     platform: str = ""
@@ -70,6 +72,7 @@ def run(mode: str, max_size: int, max_num_seqs: int, hidden_size: int, order: st
         if job.settings.order != DEFAULT_ORDER:
             policies.validate(job.settings)
         job.policies = policies.allowed()
+        job.receipts_warning = receipts_warning(job.settings.receipts_dir)
     except ConfigError as exc:
         job.config_error = str(exc)
         return job

@@ -19,6 +19,7 @@ from .. import internal, scoped, seams
 from ..exits import Exit, say_error
 from ..gpus import GPUS, Gpu
 from ..text import first_line
+from ..writable import receipts_warning
 from . import workaround
 from .arguments import PARSER_MODULE, check_order, has_serve_parser, parse_serve_arguments
 from .configure import create_engine_config, inspect_model_classes
@@ -278,6 +279,9 @@ def main(
     order_from = "--order" if order else ENV_ORDER
     try:  # the deployment's variables, as register() reads them in vLLM (--order in place of the variable)
         settings = read_settings({**os.environ, **({ENV_ORDER: order} if order else {})})
+        warning = receipts_warning(settings.receipts_dir)
+        if warning is not None:  # said before the check's minutes, on stderr (stdout is the report's)
+            print(f"vllm-staging-plugin check: WARNING {warning}", file=sys.stderr)
         with _logs_to_stderr():
             result = run(serve_argv, settings.order, GPUS[gpu_name], order_from, gpus, settings.kda_fix)
     except (BadArguments, ConfigError) as exc:  # ConfigError: a variable, or register() in vLLM's parser

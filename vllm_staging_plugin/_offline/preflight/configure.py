@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 from collections.abc import Sequence
 from typing import Any
 
@@ -56,11 +57,21 @@ def create_engine_config(args: argparse.Namespace, argv: Sequence[str] = ()) -> 
                 f"vLLM cannot inspect the model class on this machine ({first_line(text)}); {GPU_HOST}"
             ) from exc
         if kind == "unknown-architecture":
+            raise BadArguments(f"{condense(text)}: {_unknown()}") from exc
+        if kind == "unknown-model-type":
+            model_type = re.search(r"model type `([^`]*)`", text)
             raise BadArguments(
-                f"{condense(text)}: vLLM {installed_versions()['vllm'] or '?'} does not know this "
-                "architecture (check `architectures` in config.json and the vLLM version)"
+                f"ModelConfig: model type {model_type.group(1) if model_type else '?'!r} (architectures "
+                f"{_architectures(str(args.model))}) is not one Transformers knows: {_unknown()}"
             ) from exc
         raise BadArguments(_validation_errors(exc, argv) or condense(text)) from exc
+
+
+_UNKNOWN_TAIL = "does not know this architecture (check `architectures` in config.json and the vLLM version)"
+
+
+def _unknown() -> str:
+    return f"vLLM {installed_versions()['vllm'] or '?'} {_UNKNOWN_TAIL}"
 
 
 def _validation_errors(exc: BaseException, argv: Sequence[str]) -> str | None:

@@ -57,8 +57,9 @@ def model_class(vllm_config: Any) -> Any:
 def config_failure(exc: BaseException) -> tuple[str, str]:
     """What a failed ``create_engine_config`` means, and its text: ``kernel-library`` (a query to
     ``torch.ops._C``, absent without CUDA), ``inspection`` (known but not inspectable here),
-    ``unknown-architecture`` (the text stops before vLLM's list of architectures) or ``refusal`` (vLLM's
-    own). Privates: the sentences vLLM's registry and torch raise; a changed one reads as ``refusal``."""
+    ``unknown-architecture`` (the text stops before vLLM's list of architectures), ``unknown-model-type``
+    (Transformers knows no config class for ``model_type``) or ``refusal`` (vLLM's own). Privates: the
+    sentences vLLM's registry, Transformers and torch raise; a changed one reads as ``refusal``."""
     text = f"{type(exc).__name__}: {exc}"
     if "'_OpNamespace'" in text:
         return "kernel-library", text
@@ -66,6 +67,8 @@ def config_failure(exc: BaseException) -> tuple[str, str]:
         return "inspection", text
     if "are not supported for now" in text:
         return "unknown-architecture", text.split(". Supported architectures")[0]
+    if "Transformers does not recognize this architecture" in text:
+        return "unknown-model-type", text
     return "refusal", text
 
 
