@@ -61,7 +61,8 @@ def test_no_message_of_the_package_names_a_file_of_this_repository() -> None:
 def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Built from a copy of the sources (setuptools writes build/ beside what it builds)."""
     out, source = tmp_path_factory.mktemp("wheel"), tmp_path_factory.mktemp("source")
-    for name in ("pyproject.toml", "README.md", "LICENSE"):
+    for name in ("pyproject.toml", "LICENSE", "docs/package-description.md"):
+        (source / name).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy(ROOT / name, source / name)
     shutil.copytree(PACKAGE, source / PACKAGE.name, ignore=shutil.ignore_patterns("__pycache__"))
     pip = [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation"]
