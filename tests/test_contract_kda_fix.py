@@ -144,7 +144,7 @@ def test_nothing_changes_without_replayssm(kimi_linear: str, drafter: list[str],
 
 
 def test_kimi_k3s_own_kda_layer_is_left_alone(plugin_log: Any) -> None:
-    """K3 as deployed: its own DSpark drafter (8 tokens), --use-replayssm."""
+    """K3 at its deployed settings: its own DSpark drafter (8 tokens), --use-replayssm."""
     from vllm.models.kimi_k3.nvidia.kda import KimiK3DeltaAttention
 
     spec = {"method": "dspark", "model": str(K3_DRAFTERS[8]), "num_speculative_tokens": 8}

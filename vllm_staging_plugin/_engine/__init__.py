@@ -2,7 +2,8 @@
 
 It never imports the offline tools nor the package root. With no ``STAGING_PLUGIN_*`` variable set it
 pre-sizes and does nothing else (docs/design.md, "What runs in a worker under each setting"). The fixes
-share one base (:mod:`.fix`), :mod:`.installer` starts them, :mod:`.compat` is the one door to vLLM.
+share one base (:mod:`.fix`), :mod:`.installer` starts them, :mod:`.compat` names every vLLM or torch
+private the engine touches (the offline seams import those names).
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""The offline code's one door into vLLM's privates, one module per vLLM area: ``config``, ``manager`` (Model
+"""The offline code's door into vLLM's privates (a private the engine touches too comes from
+``_engine/compat.py``), one module per vLLM area: ``config``, ``manager`` (Model
 Runner V2's CUDA-graph manager), ``kda`` (the Kimi KDA layers) and ``platform`` (CUDA on a machine without
 it). Each function names the private it uses and what happens when vLLM changes it: most raise, and the
 caller reports that the check could not be made. tests/test_seams.py runs each against the installed vLLM;
