@@ -6,7 +6,8 @@ Registry entry (vllm-ascend's fields):
 (wrapped: the method the class inherits, or its own where vLLM defines one)
     Why: under ``--use-replayssm`` every Mamba layer asks for no speculative state slots, but the shared
     ``KimiGatedDeltaNetAttention`` (Kimi-Linear) runs the generic GDN speculative kernel, which reads one
-    slot per query token: on a step mixing a speculative decode with a prefill it reads past its state index.
+    slot per query token: on a step mixing a speculative decode with a prefill it reads past its state
+    index.
     How: where vLLM's spec has fewer speculative blocks than speculative tokens under the flag, return it
     with ``num_speculative_blocks = num_speculative_tokens`` (as without the flag) and one INFO line with
     the cost. Kimi-K3's own layer is another class. ``STAGING_PLUGIN_KDA_FIX=off`` leaves it out.
