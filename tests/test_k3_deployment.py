@@ -1,6 +1,6 @@
 """Kimi-K3 at its deployed settings, answered by ``check`` on the installed vLLM 0.33.0: the shipped MXFP4
-cut with the config-only K3 DSpark drafters in tests/data (their aux buffers, capacity, stock's crash pair and the
-workaround), at tensor parallel 8 and 16; the generated settings page against fresh answers; the GPU
+cut with the config-only K3 DSpark drafters in tests/data (their aux buffers, capacity, stock's crash pair
+and the workaround), at tensor parallel 8 and 16; the generated settings page against fresh answers; the GPU
 stages' dry runs."""
 
 from __future__ import annotations
