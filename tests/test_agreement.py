@@ -276,6 +276,7 @@ def dp_tp_runs() -> list[dict[str, Any]]:
 
 @pytest.mark.contract
 @pytest.mark.subprocess
+@pytest.mark.extended  # eight forked ranks: about 30 s of CPU
 def test_data_parallel_engines_agree_only_where_coupled(dp_tp_runs: list[dict[str, Any]]) -> None:
     from release import SIZES_STAGING
 

@@ -4,13 +4,14 @@ Each answer is one line naming the problem with the documented exit code (2 bad 
 check here), never a traceback; with --json, stdout is exactly one JSON object carrying ``error``. By
 default vLLM's INFO lines and the warnings of a GPU-less machine are hidden; ``-v`` shows them.
 
-Two fresh processes, started together: the console script for the quiet pre-flight (the first check of
-an architecture: vLLM reads its log level once, when imported, and inspects the model class in its own
-subprocess), and one child that calls ``main([...])`` for each bad input refused before vLLM is imported,
-recording after each call whether vLLM or torch is imported yet. The bad inputs that need vLLM (read by
-its parser, or refused by its config), ``-v``, vLLM's refusal of an unknown architecture and vLLM's log
-lines beside ``--json`` are met in this process; ``--help`` and ``report``, which never import vLLM, run
-the console script on their own. (The operator's own log level, and what ``-v`` keeps: test_quiet.py.)
+One child calls ``main([...])`` for each bad input refused before vLLM is imported, recording after each
+call whether vLLM or torch is imported yet (it never imports vLLM: a second or two). The bad inputs that
+need vLLM (read by its parser, or refused by its config), ``-v``, vLLM's refusal of an unknown
+architecture and vLLM's log lines beside ``--json`` are met in this process; ``--help`` and ``report``,
+which never import vLLM, run the console script on their own. The console script's quiet pre-flight (the
+first check of an architecture: vLLM reads its log level once, when imported, and inspects the model
+class in its own subprocess) imports vLLM twice and runs under the ``extended`` marker. (The operator's
+own log level, and what ``-v`` keeps: test_quiet.py.)
 """
 
 from __future__ import annotations
@@ -145,15 +146,9 @@ def _model_folders(root: Path) -> Path:
     return root
 
 
-def _children(root: Path) -> dict[str, Any]:
-    """The quiet console script and the early refusals' child, started together."""
+def _early_refusals(root: Path) -> dict[str, Any]:
+    """The child that calls ``main`` for each bad input refused before vLLM is imported."""
     _model_folders(root)
-    kimi = model_folder(root / "kimi", KIMI_LINEAR_4_LAYERS)
-    first_time = OFFLINE | {"VLLM_CACHE_ROOT": str(root / "empty-cache")}  # vLLM inspects the model afresh
-    quiet = subprocess.Popen(
-        [str(SCRIPT), "check", "--", kimi, *NO_WEIGHTS, *KIMI_CRASH], cwd=root,
-        env=terminal_environment(first_time), text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-    )  # fmt: skip
     calls = [
         [case_name(argv, env), argv, env]
         for words, env, _, message in BAD_INPUTS
@@ -161,19 +156,31 @@ def _children(root: Path) -> dict[str, Any]:
         for argv in (["check", *words], ["check", "--json", *words])
     ]
     caller = start("cli_calls", terminal_environment({"CALLS": json.dumps(calls)}), cwd=root)
-    results: dict[str, Any] = {"calls": finish(caller, timeout=400).results}
-    stdout, stderr = quiet.communicate(timeout=400)
-    results["quiet"] = {"code": quiet.returncode, "out": stdout, "err": stderr, "model": kimi}
+    return finish(caller, timeout=400).results
+
+
+def _quiet_console_script(root: Path) -> dict[str, Any]:
+    """The console script's first check of an architecture, with an empty vLLM cache of its own."""
+    kimi = model_folder(root / "kimi", KIMI_LINEAR_4_LAYERS)
+    first_time = OFFLINE | {"VLLM_CACHE_ROOT": str(root / "empty-cache")}  # vLLM inspects the model afresh
+    done = subprocess.run(
+        [str(SCRIPT), "check", "--", kimi, *NO_WEIGHTS, *KIMI_CRASH],
+        cwd=root,
+        env=terminal_environment(first_time),
+        capture_output=True,
+        text=True,
+        timeout=400,
+    )
     written = root / "empty-cache" / "modelinfos"  # what vLLM's inspection subprocess left there
-    results["quiet"]["inspected"] = sorted(p.name for p in written.iterdir()) if written.is_dir() else []
-    return results
+    inspected = sorted(p.name for p in written.iterdir()) if written.is_dir() else []
+    return {"code": done.returncode, "out": done.stdout, "err": done.stderr, "inspected": inspected}
 
 
 @pytest.fixture(scope="module")
-def children(tmp_path_factory: pytest.TempPathFactory, model_inspection_cache: list[str]) -> dict[str, Any]:
+def children(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     root = tmp_path_factory.mktemp("cli")
-    shared: dict[str, Any] = once_per_run(tmp_path_factory, "test_cli_inputs", lambda: _children(root))
-    return shared
+    calls = once_per_run(tmp_path_factory, "test_cli_inputs", lambda: _early_refusals(root))
+    return {"calls": calls}
 
 
 @pytest.fixture(scope="module")
@@ -325,11 +332,12 @@ def terminal_logs() -> Iterator[None]:
             handler.stream = stream
 
 
-def test_the_console_script_end_to_end_quietly(children: dict[str, Any]) -> None:
+@pytest.mark.extended
+def test_the_console_script_end_to_end_quietly(tmp_path: Path) -> None:
     """The installed entry point, a fresh process, the decisive configuration, text output, the first
     check of an architecture (vLLM inspects the model class in its subprocess); by default nothing but the
     answer reaches the terminal: no vLLM INFO line, none of the CPU-only warnings."""
-    quiet = children["quiet"]
+    quiet = _quiet_console_script(tmp_path)
     assert [name.rsplit("-", 1)[-1] for name in quiet["inspected"]] == ["KimiLinearForCausalLM.json"]
     assert quiet["code"] == 0, quiet["out"][-2000:] + quiet["err"][-3000:]  # boots and serves with the plugin
     out = quiet["out"]
@@ -354,16 +362,17 @@ def test_the_console_script_end_to_end_quietly(children: dict[str, Any]) -> None
     assert deprecated == [] if SIZES_STAGING else quiet["err"] == ""
 
 
-@pytest.mark.usefixtures("offline")
-def test_verbose_shows_everything_else_unchanged(
-    children: dict[str, Any], folders: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
-    """``-v``: the same answer as the quiet console script's, vLLM's INFO lines beside it, and first the
-    line that says why vLLM's CPU-only messages come (test_quiet.py: ``-v`` drops none of them)."""
-    with contextlib.chdir(folders), terminal_logs():  # the quiet one's model folder: the answer names it
-        code = main(["check", "-v", "--", children["quiet"]["model"], *NO_WEIGHTS, *KIMI_CRASH])
+@pytest.mark.usefixtures("offline", "model_inspection_cache")
+def test_verbose_shows_everything_else_unchanged(folders: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """``-v``: the same answer as without it, vLLM's INFO lines beside it, and first the line that says why
+    vLLM's CPU-only messages come (test_quiet.py: ``-v`` drops none of them)."""
+    kimi = model_folder(folders / "kimi", KIMI_LINEAR_4_LAYERS)
+    with contextlib.chdir(folders), terminal_logs():
+        assert main(["check", "--", kimi, *NO_WEIGHTS, *KIMI_CRASH]) == 0
+        quiet = capsys.readouterr()
+        code = main(["check", "-v", "--", kimi, *NO_WEIGHTS, *KIMI_CRASH])
     loud = capsys.readouterr()
-    assert code == 0 and loud.out == children["quiet"]["out"]
+    assert code == 0 and loud.out == quiet.out and " INFO " not in quiet.err
     assert " INFO " in loud.err
     assert loud.err.startswith("note: messages about vllm._C and Triton are expected on a machine without")
 

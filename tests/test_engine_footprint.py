@@ -46,6 +46,9 @@ DEFAULT_LOADED = [
 ]
 
 
+two_ranks = pytest.mark.extended  # the two forked gloo ranks cost about 15 s of CPU
+
+
 @pytest.fixture(scope="module")
 def ranks(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
     pytest.importorskip("vllm.v1.worker.gpu.cudagraph_utils")
@@ -64,6 +67,7 @@ def ranks(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
 pytestmark = [pytest.mark.contract, pytest.mark.subprocess]
 
 
+@two_ranks
 def test_register_and_the_patch_load_only_the_presizing_modules(ranks: list[dict[str, Any]]) -> None:
     for rank in ranks:
         assert rank["after_register"] == DEFAULT_LOADED  # no offline module, no pluggy, no receipts
@@ -71,6 +75,7 @@ def test_register_and_the_patch_load_only_the_presizing_modules(ranks: list[dict
         assert rank["hooks_after_register"] == ["PostImportHook", "PostImportHook"]
 
 
+@two_ranks
 def test_a_default_capture_presizes_and_does_nothing_else(ranks: list[dict[str, Any]]) -> None:
     for rank in ranks:
         default = rank["default"]
@@ -81,6 +86,7 @@ def test_a_default_capture_presizes_and_does_nothing_else(ranks: list[dict[str, 
         assert rank["files_written"] == []
 
 
+@two_ranks
 def test_after_capture_no_plugin_code_runs_anywhere(ranks: list[dict[str, Any]]) -> None:
     for rank in ranks:
         assert rank["hooks_after_capture"] == []  # both import hooks gone
@@ -88,6 +94,7 @@ def test_after_capture_no_plugin_code_runs_anywhere(ranks: list[dict[str, Any]])
         assert rank["import_frames"] == []  # an unrelated import
 
 
+@two_ranks
 def test_the_control_arm_shows_the_instruments_work(ranks: list[dict[str, Any]]) -> None:
     for rank in ranks:
         control = rank["ascending"]
@@ -100,6 +107,7 @@ def test_the_control_arm_shows_the_instruments_work(ranks: list[dict[str, Any]])
         assert "reordered" in control["frames"]  # the profiler sees plugin code where it runs
 
 
+@two_ranks
 def test_every_rank_captures_the_same_order_with_the_same_capacity(ranks: list[dict[str, Any]]) -> None:
     for layout in ("tp", "pp"):
         first, second = (r[layout] for r in ranks)

@@ -3,8 +3,8 @@ message, exit 141 (what a shell reports for a process that SIGPIPE ended), and n
 
 The console script runs in a fresh process for each call. A reader that closes before the command prints
 meets the closed pipe every time; one that reads a line and closes meets it only when the command is still
-printing, so the fast commands run that way many times. The main job and a pre-flight import vLLM (about
-10 s each) and run under the ``extended`` marker.
+printing, so the fast commands run that way many times, under the ``extended`` marker, as do the main job
+and a pre-flight, which import vLLM (about 10 s each).
 """
 
 from __future__ import annotations
@@ -42,6 +42,13 @@ def test_a_fast_command_stops_quietly_when_its_reader_goes(words: list[str], tmp
     code, err = into_closed_pipe(words, 0, tmp_path)  # closed before the first line: met every time
     # argparse's help swallows a failed write itself: it ends as --help does
     assert (code, err) == (0 if "--help" in words else READER_GONE, "")
+
+
+@pytest.mark.extended
+@pytest.mark.parametrize("words", FAST, ids=" ".join)
+def test_a_fast_command_read_one_line_at_a_time_stops_quietly_every_time(
+    words: list[str], tmp_path: Path
+) -> None:
     for _ in range(12):  # `| head -1`: met whenever the command is still printing
         code, err = into_closed_pipe(words, 1, tmp_path)
         assert code in (0, READER_GONE) and err == "", err
