@@ -27,6 +27,7 @@ import pytest
 TESTS = Path(__file__).resolve().parent
 
 TAIL = 3000
+SHUFFLE_SEED = "99" if os.environ.get("PYTHONHASHSEED") != "99" else "1"  # the start-ups child's, not ours
 
 
 def clean_environment(extra: Mapping[str, str] | None = None, drop: Sequence[str] = ()) -> dict[str, str]:
@@ -118,6 +119,46 @@ def once_per_run(tmp_path_factory: pytest.TempPathFactory, name: str, compute: C
 
 def run_checks(program: str, env: Mapping[str, str], timeout: float = 400) -> Checks:
     return finish(start(program, env), timeout)
+
+
+class EarlyChildren:
+    """Children started when the run starts (``conftest.py``), before the tests are collected, so that
+    their import of vLLM runs on the second core beside the collection's; the test module's fixture then
+    finishes its child, or starts it then if it was not started early."""
+
+    def __init__(self) -> None:
+        self.started: dict[str, subprocess.Popen[str]] = {}
+
+    def start(self, name: str, program: str, env: Mapping[str, str]) -> None:
+        self.started[name] = start(program, env)
+
+    def finish(self, name: str, program: str, env: Callable[[], Mapping[str, str]]) -> Checks:
+        proc = self.started.pop(name, None)
+        return finish(proc if proc is not None else start(program, env()))
+
+    def stop(self) -> None:
+        """Those no test asked for (deselected): ended with the run."""
+        for proc in self.started.values():
+            proc.kill()
+            proc.communicate()
+        self.started.clear()
+
+
+def start_ups_environment(site: Path, seed: str) -> dict[str, str]:
+    """The start-ups child's environment (``test_subprocess.py``), with a third-party policy package
+    installed in ``site`` through entry points."""
+    (site / "my_policies.py").write_text((TESTS / "children" / "third_party_policies.py").read_text())
+    dist = site / "my_policies-1.0.dist-info"
+    dist.mkdir(exist_ok=True)
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: my-policies\nVersion: 1.0\n")
+    (dist / "entry_points.txt").write_text(
+        "[vllm_staging_plugin.order_policies]\nbroken = no_such_policy_module\nmine = my_policies\n"
+    )
+    path = os.pathsep.join([str(site), os.environ.get("PYTHONPATH", "")])
+    return clean_environment({"PYTHONPATH": path, "RANK": "1", "PYTHONHASHSEED": seed})
+
+
+EARLY = EarlyChildren()
 
 
 def free_port() -> int:

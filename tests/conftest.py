@@ -19,7 +19,7 @@ from pathlib import Path
 from types import ModuleType
 
 import pytest
-from childproc import once_per_run
+from childproc import EARLY, SHUFFLE_SEED, once_per_run, start_ups_environment
 from configs import ARCHITECTURES
 from fakes import patched_copy
 from wrappers import is_patched
@@ -142,8 +142,36 @@ def plugin_log() -> Iterator[Records]:
     logger.setLevel(old_level)
 
 
+EARLY_FILES = {"test_subprocess.py"}  # whose child starts with the run (childproc.EarlyChildren)
+
+
+def _will_run(config: pytest.Config, path: Path) -> bool:
+    """Whether the command line names ``path`` or a folder above it (no argument: the test paths)."""
+    args = [a.split("::")[0] for a in config.args] or ["tests"]
+    targets = [Path(config.invocation_params.dir, a).resolve() for a in args]
+    return any(t == path or t in path.parents for t in targets)
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    """In one process (no xdist), start the start-ups child now: its import of vLLM runs beside the
+    collection's. Under xdist, each worker starts it where its first test needs it."""
+    config = session.config
+    if os.environ.get("PYTEST_XDIST_WORKER") or config.option.collectonly or hasattr(config, "workerinput"):
+        return
+    if not _will_run(config, Path(__file__).parent / "test_subprocess.py"):
+        return
+    site = Path(tempfile.mkdtemp(prefix="policy-site-"))
+    config.add_cleanup(lambda: shutil.rmtree(site, ignore_errors=True))
+    config.add_cleanup(EARLY.stop)
+    EARLY.start("test_subprocess", "start_ups", start_ups_environment(site, SHUFFLE_SEED))
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Test files with ``subprocess``-marked tests go first (addopts: xdist hands out whole files, in this
-    order): their children then share the cores with the in-process tests rather than run last and alone."""
-    starting = {item.path for item in items if item.get_closest_marker("subprocess")}
-    items.sort(key=lambda item: item.path not in starting)
+    """Under xdist, test files with ``subprocess``-marked tests go first (xdist hands out whole files, in
+    this order), so that their children share the cores with the in-process tests rather than run last and
+    alone. In one process, the files whose children start early go last: their children ran meanwhile."""
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        starting = {item.path for item in items if item.get_closest_marker("subprocess")}
+        items.sort(key=lambda item: item.path not in starting)
+        return
+    items.sort(key=lambda item: item.path.name in EARLY_FILES)

@@ -23,10 +23,12 @@ import logging
 import shutil
 import subprocess
 import sys
+import types
 from collections.abc import Iterator
 from importlib.metadata import version
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 import pytest
 from childproc import Checks, clean_environment, finish, once_per_run, start
@@ -183,8 +185,19 @@ def children(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     return {"calls": calls}
 
 
+@contextlib.contextmanager
+def no_retry_pause() -> Iterator[None]:
+    """vLLM retries reading a config.json it cannot parse after a pause of 2 s (``with_retry``); the answer
+    is the same without the pause, which the in-process calls here skip."""
+    repo_utils = pytest.importorskip("vllm.transformers_utils.repo_utils")
+    with mock.patch.object(repo_utils, "time", types.SimpleNamespace(sleep=lambda seconds: None)):
+        yield
+
+
 @pytest.fixture(scope="module")
-def folders(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def folders(tmp_path_factory: pytest.TempPathFactory, model_inspection_cache: list[str]) -> Path:
+    """The bad inputs' folders for the calls made here; the run's inspection cache spares vLLM's
+    inspection subprocess."""
     return _model_folders(tmp_path_factory.mktemp("cli-here"))
 
 
@@ -198,7 +211,7 @@ def call(
     assert env == {}  # the cases met here set no variable
     out, err = io.StringIO(), io.StringIO()
     with contextlib.chdir(folders), terminal_logs(), contextlib.redirect_stdout(out), \
-            contextlib.redirect_stderr(err):  # fmt: skip
+            contextlib.redirect_stderr(err), no_retry_pause():  # fmt: skip
         code = main(words)
     return {"code": code, "out": out.getvalue(), "err": err.getvalue()}
 

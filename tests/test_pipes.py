@@ -65,6 +65,7 @@ def test_the_main_job_and_a_pre_flight_stop_quietly_when_their_reader_goes(
     assert code == READER_GONE and "internal error" not in err and "Traceback" not in err, err
 
 
+@pytest.mark.extended  # matplotlib's import and drawing: about 3 s
 def test_a_plot_is_whole_when_the_reader_goes(tmp_path: Path) -> None:
     """``report --plot`` writes the picture before it prints: the file is complete, the exit quiet."""
     pytest.importorskip("matplotlib")

@@ -9,36 +9,22 @@ general plugins are loaded afresh (``vllm.plugins.plugins_loaded`` reset). Only 
 
 from __future__ import annotations
 
-import os
 from importlib.metadata import entry_points
 from typing import Any
 
 import pytest
-from childproc import TESTS, Checks, clean_environment, once_per_run, run_checks
+from childproc import EARLY, SHUFFLE_SEED, Checks, once_per_run, start_ups_environment
 from release import SIZES_STAGING
 
 pytest.importorskip("vllm.plugins")
 pytestmark = pytest.mark.subprocess
 
-SHUFFLE_SEED = "99" if os.environ.get("PYTHONHASHSEED") != "99" else "1"  # not this process's
-
 
 @pytest.fixture(scope="module")
 def child(tmp_path_factory: pytest.TempPathFactory) -> Checks:
-    """The child, with a third-party policy package installed beside it through entry points."""
-
     def run() -> dict[str, Any]:
-        site = tmp_path_factory.mktemp("site")
-        (site / "my_policies.py").write_text((TESTS / "children" / "third_party_policies.py").read_text())
-        dist = site / "my_policies-1.0.dist-info"
-        dist.mkdir()
-        (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: my-policies\nVersion: 1.0\n")
-        (dist / "entry_points.txt").write_text(
-            "[vllm_staging_plugin.order_policies]\nbroken = no_such_policy_module\nmine = my_policies\n"
-        )
-        path = os.pathsep.join([str(site), os.environ.get("PYTHONPATH", "")])
-        env = clean_environment({"PYTHONPATH": path, "RANK": "1", "PYTHONHASHSEED": SHUFFLE_SEED})
-        return run_checks("start_ups", env).to_json()
+        environment = lambda: start_ups_environment(tmp_path_factory.mktemp("site"), SHUFFLE_SEED)  # noqa: E731
+        return EARLY.finish("test_subprocess", "start_ups", environment).to_json()
 
     return Checks.from_json(once_per_run(tmp_path_factory, "test_subprocess", run))
 

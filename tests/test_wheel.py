@@ -112,6 +112,7 @@ CHILD = textwrap.dedent(
 
 
 @pytest.mark.subprocess
+@pytest.mark.extended  # a venv made and the wheel installed: about 2 s; .ci/package checks the wheel too
 def test_from_a_clean_venv_the_commands_and_the_patches_work(wheel: Path, tmp_path: Path) -> None:
     """A venv with the wheel installed (vLLM, torch and pluggy seen from this environment's site-packages,
     as a deployment's are), run in an empty folder: help texts name no repository file, each patch
@@ -190,6 +191,7 @@ def test_from_a_clean_venv_the_commands_and_the_patches_work(wheel: Path, tmp_pa
 
 
 @pytest.mark.subprocess
+@pytest.mark.extended  # a venv made and the wheel installed: about 3 s
 def test_without_torch_or_vllm_every_command_answers(wheel: Path, tmp_path: Path) -> None:
     """The wheel in a venv holding only it and pluggy (what `pip install vllm-staging-plugin` gives: vLLM
     and torch are the operator's): help, version and report work; every command that needs vLLM says in
