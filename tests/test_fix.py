@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from vllm_staging_plugin._engine.fix import ClassWrap, RuntimeFix
+from vllm_staging_plugin._engine.fix import ClassWrap, Once, RuntimeFix
 from vllm_staging_plugin._engine.settings import Settings
 
 
@@ -205,3 +205,9 @@ def test_a_fix_applies_to_one_class_only() -> None:
     first, second = _thing(), _thing()
     assert fix.apply(first) and not fix.apply(second) and second().twice(2) == 2
     assert fix.uninstall() == []
+
+
+def test_once_is_true_the_first_time_only() -> None:
+    """What a fix says once per process: each thing its own ``Once``."""
+    first, second = Once(), Once()
+    assert [first(), first(), first()] == [True, False, False] and second()

@@ -25,6 +25,18 @@ V2_MANAGER_BUILT = "v2-manager-built"  # it runs Model Runner V2: no V1 runner, 
 V1_RUNNER_BUILT = "v1-runner-built"  # it runs the V1 runner: it builds no graph manager
 
 
+class Once:
+    """True the first time it is asked, then False: what a fix says once per process (its INFO line, its
+    warning), each thing its own ``Once``."""
+
+    def __init__(self) -> None:
+        self.asked = 0
+
+    def __call__(self) -> bool:
+        self.asked += 1
+        return self.asked == 1
+
+
 class ClassWrap:
     """One class's replaced methods: what its ``__dict__`` held, what a call reached, the wrappers."""
 
@@ -95,7 +107,7 @@ class RuntimeFix:
         self.suspended = False
         self._pending: ModuleType | None = None  # imported while suspended: installed on resume
         self._hook: PostImportHook | None = None
-        self.said: set[str] = set()
+        self.refused = Once()  # the refusal's warning
 
     @classmethod
     def enabled(cls, settings: Settings) -> bool:
@@ -179,16 +191,9 @@ class RuntimeFix:
         if hook is not None:
             hook.remove()
 
-    def refuse(self, reason: str, what: str = "refused", warning: str | None = None) -> None:
-        """Leave vLLM as it is with one warning per ``what``, or raise in strict mode."""
+    def refuse(self, reason: str, warning: str | None = None, once: Once | None = None) -> None:
+        """Leave vLLM as it is with one warning (per ``once``, else per refusal), or raise in strict mode."""
         if self.settings.strict:
             raise self.error(f"vllm-staging-plugin (strict mode): {reason}")
-        if self.first(what):
+        if (self.refused if once is None else once)():
             logger.warning(warning or self.refusal(reason))
-
-    def first(self, what: str) -> bool:
-        """True the first time ``what`` happens in this fix: one log line per process."""
-        if what in self.said:
-            return False
-        self.said.add(what)
-        return True

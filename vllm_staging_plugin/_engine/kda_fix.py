@@ -21,11 +21,14 @@ import dataclasses
 import functools
 import logging
 from collections.abc import Callable
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 from . import compat
-from .fix import V2_MANAGER_BUILT, ClassWrap, RuntimeFix
+from .fix import V2_MANAGER_BUILT, ClassWrap, Notify, Once, RuntimeFix
 from .settings import ENV_KDA_FIX, ENV_STRICT, Settings
+
+if TYPE_CHECKING:
+    from .policies import PolicyRegistry
 
 logger = logging.getLogger("vllm.staging_plugin")
 
@@ -56,6 +59,12 @@ class KdaFix(RuntimeFix):
     methods = (SPEC_METHOD,)
     error = KdaShapeError
     retired_by = frozenset({V2_MANAGER_BUILT})  # KV-cache specs are taken before any manager exists
+
+    def __init__(
+        self, settings: Settings, notify: Notify | None = None, policies: PolicyRegistry | None = None
+    ) -> None:
+        super().__init__(settings, notify, policies)
+        self.kept, self.already_kept = Once(), Once()  # each line INFO once, DEBUG after (or not at all)
 
     @classmethod
     def enabled(cls, settings: Settings) -> bool:
@@ -121,7 +130,7 @@ class KdaFix(RuntimeFix):
         return kept
 
     def _announce(self, layer: str, tokens: int, cost: SlotCost) -> None:
-        level = logging.INFO if self.first("kept") else logging.DEBUG
+        level = logging.INFO if self.kept() else logging.DEBUG
         logger.log(
             level,
             "vllm-staging-plugin: %s (vLLM's shared KDA layer) keeps one state slot per speculative token "
@@ -137,7 +146,7 @@ class KdaFix(RuntimeFix):
         )
 
     def _already_kept(self, layer: str, blocks: int) -> None:
-        if not self.first("already kept"):
+        if not self.already_kept():
             return
         logger.info(
             "vllm-staging-plugin: this vLLM's %s already keeps %d speculative state slots under "

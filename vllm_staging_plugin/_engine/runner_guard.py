@@ -15,10 +15,13 @@ import functools
 import logging
 from collections.abc import Callable
 from types import ModuleType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from .fix import V1_RUNNER_BUILT, V2_MANAGER_BUILT, ClassWrap, RuntimeFix
-from .settings import DEFAULT_ORDER, ENV_ORDER, ENV_STRICT
+from .fix import V1_RUNNER_BUILT, V2_MANAGER_BUILT, ClassWrap, Notify, Once, RuntimeFix
+from .settings import DEFAULT_ORDER, ENV_ORDER, ENV_STRICT, Settings
+
+if TYPE_CHECKING:
+    from .policies import PolicyRegistry
 
 logger = logging.getLogger("vllm.staging_plugin")
 
@@ -38,6 +41,12 @@ class V1RunnerGuard(RuntimeFix):
     methods = ("__init__",)
     error = V1RunnerError
     retired_by = frozenset({V2_MANAGER_BUILT})
+
+    def __init__(
+        self, settings: Settings, notify: Notify | None = None, policies: PolicyRegistry | None = None
+    ) -> None:
+        super().__init__(settings, notify, policies)
+        self.warned = Once()
 
     def find(self, module: ModuleType) -> type | None:
         cls = getattr(module, V1_RUNNER_CLASS, None)
@@ -68,7 +77,7 @@ class V1RunnerGuard(RuntimeFix):
         self.notify(V1_RUNNER_BUILT)
         if self.settings.strict:
             raise V1RunnerError(self.message())
-        if self.first("warned"):
+        if self.warned():
             logger.warning(self.message())
 
     def wrappers(self, wrap: ClassWrap) -> dict[str, Callable[..., Any]]:

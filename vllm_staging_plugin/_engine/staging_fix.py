@@ -25,7 +25,7 @@ from contextlib import nullcontext
 from typing import TYPE_CHECKING, Any
 
 from . import compat
-from .fix import V1_RUNNER_BUILT, V2_MANAGER_BUILT, ClassWrap, Notify, RuntimeFix
+from .fix import V1_RUNNER_BUILT, V2_MANAGER_BUILT, ClassWrap, Notify, Once, RuntimeFix
 from .settings import DEFAULT_ORDER, ENV_ORDER, ENV_STRICT, Settings
 from .sizing import staging_capacity
 
@@ -50,6 +50,7 @@ class StagingFix(RuntimeFix):
         super().__init__(settings, notify, policies)
         self.vllm_sizes_staging = False  # vLLM sizes its staging itself: its release shape, or seen doing so
         self._views: dict[tuple[type, tuple[str, ...]], type] = {}
+        self.announced, self.order_refused = Once(), Once()
 
     def find(self, module: Any) -> type:
         return compat.manager_class(module)
@@ -108,7 +109,7 @@ class StagingFix(RuntimeFix):
         self.refuse(reason)
 
     def _announce(self, manager: Any, capacity: int) -> None:
-        level = logging.INFO if self.first("announced") else logging.DEBUG
+        level = logging.INFO if self.announced() else logging.DEBUG
         if self.vllm_sizes_staging:
             said = _sizes_itself(manager)
         else:
@@ -174,9 +175,9 @@ class StagingFix(RuntimeFix):
         )
         self.refuse(
             reason,
-            "order refused",
             f"vllm-staging-plugin: {reason}; {ENV_ORDER}={self.settings.order} is NOT applied (vLLM's own "
             f"order); the staging buffers are still pre-sized. Set {ENV_STRICT}=1 to fail instead.",
+            self.order_refused,
         )
 
     def _stand_down(self, manager: Any) -> None:
