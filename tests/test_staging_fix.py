@@ -481,6 +481,8 @@ def test_an_unknown_mark_keeps_vllms_order_with_one_warning_and_still_presizes(
         end="Set STAGING_PLUGIN_STRICT=1 to fail instead.",
     )
     assert spy.call_count == 0  # nothing reordered: no rank check
+    installed_fix("staging").refuse("a later reason")  # its own warning: the order's did not use it up
+    assert len(plugin_log.warnings) == 2 and "a later reason" in plugin_log.warnings[1]
 
 
 def test_an_unknown_mark_under_vllms_own_order_says_nothing(
