@@ -153,7 +153,8 @@ NOT_NEEDED = (
 )
 
 DESCRIPTION = """\
-Pre-size vLLM's CUDA-graph staging buffers, and check a deployment before it boots.
+Fix two faults of vLLM's Model Runner V2 (CUDA-graph staging buffers sized too small; Kimi-Linear's
+shared KDA layer short of state slots under --use-replayssm), and check a deployment before it boots.
 
 commands:
   check     (the default) without `--`: what is installed, whether the plugin would patch this vLLM,
@@ -175,8 +176,8 @@ exit codes:
      "stock": {"ok": ...} with --json, next to "stock_workaround", a grid stock vLLM boots
   1  it does not boot even with the plugin, or the plugin would not patch this vLLM
   2  bad arguments: vLLM rejects the `vllm serve` arguments, a missing model folder, a model
-     whose architecture this vLLM does not know, a bad --order or STAGING_PLUGIN_ORDER (the message
-     names which)
+     whose architecture this vLLM does not know, a bad --order or STAGING_PLUGIN_* value (the
+     message names which)
   3  cannot check on this machine: vLLM or torch is not installed here, or vLLM cannot inspect a
      model class it knows, or the configuration, here (the message says what to do: the package to
      install, with its pip command, or to check on the GPU host)
@@ -218,6 +219,7 @@ files; it makes the same fixes in memory, in each vLLM process.
 exit codes:
   0  printed (a note on stderr says when the installed vLLM does not need it)
   2  bad arguments
+  70 internal error: a bug in the plugin (one line to report)
 """
 
 
