@@ -21,14 +21,11 @@ import dataclasses
 import functools
 import logging
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, cast
+from typing import Any, cast
 
 from . import compat
-from .fix import V2_MANAGER_BUILT, ClassWrap, Notify, Once, RuntimeFix
+from .fix import V2_MANAGER_BUILT, ClassWrap, Once, RuntimeFix
 from .settings import ENV_KDA_FIX, ENV_STRICT, Settings
-
-if TYPE_CHECKING:
-    from .policies import PolicyRegistry
 
 logger = logging.getLogger("vllm.staging_plugin")
 
@@ -60,11 +57,15 @@ class KdaFix(RuntimeFix):
     error = KdaShapeError
     retired_by = frozenset({V2_MANAGER_BUILT})  # KV-cache specs are taken before any manager exists
 
-    def __init__(
-        self, settings: Settings, notify: Notify | None = None, policies: PolicyRegistry | None = None
-    ) -> None:
-        super().__init__(settings, notify, policies)
-        self.kept, self.already_kept = Once(), Once()  # each line INFO once, DEBUG after (or not at all)
+    @functools.cached_property
+    def kept(self) -> Once:
+        """The cost line: INFO once, DEBUG after."""
+        return Once()
+
+    @functools.cached_property
+    def already_kept(self) -> Once:
+        """The stand-down line, once."""
+        return Once()
 
     @classmethod
     def enabled(cls, settings: Settings) -> bool:

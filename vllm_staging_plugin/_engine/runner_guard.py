@@ -15,13 +15,10 @@ import functools
 import logging
 from collections.abc import Callable
 from types import ModuleType
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from .fix import V1_RUNNER_BUILT, V2_MANAGER_BUILT, ClassWrap, Notify, Once, RuntimeFix
-from .settings import DEFAULT_ORDER, ENV_ORDER, ENV_STRICT, Settings
-
-if TYPE_CHECKING:
-    from .policies import PolicyRegistry
+from .fix import V1_RUNNER_BUILT, V2_MANAGER_BUILT, ClassWrap, Once, RuntimeFix
+from .settings import DEFAULT_ORDER, ENV_ORDER, ENV_STRICT
 
 logger = logging.getLogger("vllm.staging_plugin")
 
@@ -42,11 +39,10 @@ class V1RunnerGuard(RuntimeFix):
     error = V1RunnerError
     retired_by = frozenset({V2_MANAGER_BUILT})
 
-    def __init__(
-        self, settings: Settings, notify: Notify | None = None, policies: PolicyRegistry | None = None
-    ) -> None:
-        super().__init__(settings, notify, policies)
-        self.warned = Once()
+    @functools.cached_property
+    def warned(self) -> Once:
+        """The warning, once per process."""
+        return Once()
 
     def find(self, module: ModuleType) -> type | None:
         cls = getattr(module, V1_RUNNER_CLASS, None)
