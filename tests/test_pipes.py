@@ -16,12 +16,19 @@ from pathlib import Path
 import pytest
 from childproc import clean_environment
 from configs import KIMI_CRASH, KIMI_LINEAR_4_LAYERS, NO_WEIGHTS, model_folder
+from release import SIZES_STAGING
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = Path(sys.executable).with_name("vllm-staging-plugin")
 RECEIPTS = ROOT / "docs" / "data" / "h200-2026-11-29" / "receipts"
 FAST = [["--help"], ["check", "--help"], ["report", str(RECEIPTS)], ["patch", "kda"], ["patch", "presize"]]
 READER_GONE = 141
+
+
+def quiet(words: list[str], err: str) -> bool:
+    """Nothing on stderr but, from ``patch presize`` on a vLLM that sizes its staging itself, its note."""
+    note = "# vllm-staging-plugin patch: not needed:"
+    return err == "" or (words == ["patch", "presize"] and SIZES_STAGING and err.startswith(note))
 
 
 def into_closed_pipe(words: list[str], lines: int, cwd: Path) -> tuple[int, str]:
@@ -41,7 +48,7 @@ def into_closed_pipe(words: list[str], lines: int, cwd: Path) -> tuple[int, str]
 def test_a_fast_command_stops_quietly_when_its_reader_goes(words: list[str], tmp_path: Path) -> None:
     code, err = into_closed_pipe(words, 0, tmp_path)  # closed before the first line: met every time
     # argparse's help swallows a failed write itself: it ends as --help does
-    assert (code, err) == (0 if "--help" in words else READER_GONE, "")
+    assert code == (0 if "--help" in words else READER_GONE) and quiet(words, err), err
 
 
 @pytest.mark.extended
@@ -51,7 +58,7 @@ def test_a_fast_command_read_one_line_at_a_time_stops_quietly_every_time(
 ) -> None:
     for _ in range(12):  # `| head -1`: met whenever the command is still printing
         code, err = into_closed_pipe(words, 1, tmp_path)
-        assert code in (0, READER_GONE) and err == "", err
+        assert code in (0, READER_GONE) and quiet(words, err), err
 
 
 @pytest.mark.extended
