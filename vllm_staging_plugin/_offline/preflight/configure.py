@@ -6,7 +6,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 from collections.abc import Sequence
 from typing import Any
 
@@ -21,7 +20,7 @@ def inspect_model_classes(model: str) -> None:
     """Have vLLM's registry inspect the model's architectures (a subprocess the first time, then its
     cache), so the configuration build that follows finds them cached. Local folders only; a hub
     model is inspected inside the configuration build."""
-    for architecture in _architectures(model):
+    for architecture in _architectures(_config(model)):
         seams.inspect_architecture(architecture)
 
 
@@ -50,7 +49,7 @@ def create_engine_config(args: argparse.Namespace, argv: Sequence[str] = ()) -> 
                 f"have ({first_line(text)}); {GPU_HOST}"
             ) from exc
         if kind == "inspection":
-            missing = missing_behind(exc, _architectures(str(args.model)))
+            missing = missing_behind(exc, _architectures(_config(str(args.model))))
             if missing is not None:
                 raise CannotCheckHere(f"vLLM cannot inspect the model class: {missing.advice}") from exc
             raise CannotCheckHere(
@@ -59,10 +58,10 @@ def create_engine_config(args: argparse.Namespace, argv: Sequence[str] = ()) -> 
         if kind == "unknown-architecture":
             raise BadArguments(f"{condense(text)}: {_unknown()}") from exc
         if kind == "unknown-model-type":
-            model_type = re.search(r"model type `([^`]*)`", text)
+            config = _config(str(args.model))
             raise BadArguments(
-                f"ModelConfig: model type {model_type.group(1) if model_type else '?'!r} (architectures "
-                f"{_architectures(str(args.model))}) is not one Transformers knows: {_unknown()}"
+                f"ModelConfig: model type {config.get('model_type', '?')!r} (architectures "
+                f"{_architectures(config)}) is not one Transformers knows: {_unknown()}"
             ) from exc
         raise BadArguments(_validation_errors(exc, argv) or condense(text)) from exc
 
@@ -97,14 +96,19 @@ def _validation_errors(exc: BaseException, argv: Sequence[str]) -> str | None:
     return f"{getattr(found, 'title', type(found).__name__)}: {'; '.join(said)}"
 
 
-def _architectures(model: str) -> list[str]:
+def _config(model: str) -> dict[str, Any]:
+    """The model folder's config.json, or nothing where there is none to read."""
     path = os.path.join(os.path.expanduser(model), "config.json")
     try:
         with open(path) as f:
-            found = json.load(f).get("architectures") or []
-    except (OSError, ValueError, AttributeError):
-        return []
-    return [a for a in found if isinstance(a, str)]
+            found = json.load(f)
+    except (OSError, ValueError):
+        return {}
+    return found if isinstance(found, dict) else {}
+
+
+def _architectures(config: dict[str, Any]) -> list[str]:
+    return [a for a in config.get("architectures") or [] if isinstance(a, str)]
 
 
 def condense(text: str) -> str:
